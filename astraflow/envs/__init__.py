@@ -1,0 +1,1 @@
+"""Workloads: task sampling, rewards, held-out evaluation sets."""

@@ -1,0 +1,1 @@
+"""Rollout: engines and the stateless worker loop."""

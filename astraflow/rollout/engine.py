@@ -1,0 +1,100 @@
+"""The `hf` engine: batched sampling on a transformers model with per-token logprobs.
+
+A hand-rolled decode loop over the model's KV cache rather than `generate()`:
+we need the logprob of each sampled token under exactly the distribution it was
+drawn from (temperature applied, no hidden top-k), which is what the trainer's
+importance ratio divides by. Prompts are left-padded with explicit position
+ids, so a prompt's tokens sit at the same positions as in the trainer's
+right-padded forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from astraflow.models.factory import load_policy, load_weights_into
+from astraflow.models.tokenizer import CharCodec
+
+
+@dataclass
+class Generation:
+    completions: list[list[int]]  # token ids, ending with EOS when the model stopped
+    logprobs: list[list[float]]   # behaviour logprob of each completion token
+
+
+class HFEngine:
+    """Generates with a transformers causal LM held in this process."""
+
+    def __init__(self, model: torch.nn.Module, codec: CharCodec):
+        self.model = model.eval()
+        self.codec = codec
+
+    @classmethod
+    def from_dir(cls, path: Path) -> HFEngine:
+        return cls(load_policy(path), CharCodec.from_pretrained(path))
+
+    def load_weights(self, path: Path) -> None:
+        """Swap in a new version's weights in place (no rebuild, no restart)."""
+        load_weights_into(self.model, path)
+        self.model.eval()
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Generation:
+        if not prompts:
+            return Generation([], [])
+        if not greedy and temperature <= 0:
+            raise ValueError("temperature must be > 0 when sampling (use greedy=True instead)")
+        pad, eos = self.codec.pad_id, self.codec.eos_id
+        n, width = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((n, width), pad, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1, :]
+        next_pos = pos[:, -1:] + 1
+        tokens = torch.empty((n, max_new_tokens), dtype=torch.long)
+        logps = torch.empty((n, max_new_tokens), dtype=torch.float32)
+        done = torch.zeros(n, dtype=torch.bool)
+        lengths = torch.full((n,), max_new_tokens, dtype=torch.long)
+        for t in range(max_new_tokens):
+            scaled = logits.float() if greedy else logits.float() / temperature
+            logp_all = torch.log_softmax(scaled, dim=-1)
+            if greedy:
+                tok = logp_all.argmax(-1)
+            else:
+                tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+            tok = torch.where(done, torch.full_like(tok, pad), tok)
+            tokens[:, t] = tok
+            logps[:, t] = logp_all.gather(-1, tok[:, None]).squeeze(-1)
+            newly = (tok == eos) & ~done
+            lengths[newly] = t + 1
+            done |= newly
+            if bool(done.all()) or t == max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=-1)
+            out = self.model(
+                input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
+                cache=cache, use_cache=True,
+            )
+            cache, logits = out.past_key_values, out.logits[:, -1, :]
+            next_pos = next_pos + 1
+        comps, lps = [], []
+        for i in range(n):
+            k = int(lengths[i])
+            comps.append(tokens[i, :k].tolist())
+            lps.append(logps[i, :k].tolist())
+        return Generation(comps, lps)
