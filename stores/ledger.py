@@ -87,6 +87,11 @@ class Ledger:
         rows = ds.to_table(filter=flt).to_pylist()
         return sorted((LedgerEntry(**r) for r in rows), key=lambda e: (e.policy, e.step))
 
+    def last_entry(self, policy: str) -> LedgerEntry | None:
+        """The newest step of `policy` (its cursor is what consumers compare to)."""
+        entries = self.entries(policy)
+        return entries[-1] if entries else None
+
     def log(self, component: str, policy: str, step: int, values: dict[str, float]) -> None:
         now = time.time()
         rows = [

@@ -76,6 +76,13 @@ class TrajectoryStore:
         table.checkout_latest()
         return int(table.count_rows())
 
+    def count_after(self, policy: str, cursor: int) -> int:
+        """Rows committed after `cursor` (a consumer's backlog)."""
+        ds = _lance.latest_dataset(self.table(policy))
+        if int(ds.version) <= cursor:
+            return 0
+        return int(ds.count_rows(filter=f"{_lance.CREATED_AT_VERSION} > {int(cursor)}"))
+
     def read_after(
         self,
         policy: str,

@@ -1,0 +1,1 @@
+"""Composable data stages: pure functions over Arrow tables, chained in the flow."""

@@ -56,8 +56,15 @@ class MathEnv:
         """`n` distinct held-out tasks, the same for every process and run."""
         rng = random.Random(seed)
         seen: set[tuple[int, int]] = set()
-        out = []
+        out: list[Task] = []
+        attempts = 0
         while len(out) < n:
+            attempts += 1
+            if attempts > 400 * n + 10_000:
+                raise ValueError(
+                    f"only {len(out)} held-out tasks exist for {self.digits}-digit operands; "
+                    f"lower env.eval_size or raise env.digits"
+                )
             a, b = rng.randrange(self.hi), rng.randrange(self.hi)
             if (a, b) not in seen and _heldout(a, b, self.heldout_fraction):
                 seen.add((a, b))

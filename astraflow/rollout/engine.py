@@ -47,12 +47,19 @@ class HFEngine:
         prompts: list[list[int]],
         *,
         max_new_tokens: int,
+        samples_per_prompt: int = 1,
         temperature: float = 1.0,
         greedy: bool = False,
         generator: torch.Generator | None = None,
     ) -> Generation:
+        """Sample `samples_per_prompt` completions of each prompt (prompt-major order).
+
+        The prompt is prefilled once and its KV cache repeated for the samples:
+        with 8 samples a prompt that is most of the generation compute saved.
+        """
         if not prompts:
             return Generation([], [])
+        k = samples_per_prompt
         if not greedy and temperature <= 0:
             raise ValueError("temperature must be > 0 when sampling (use greedy=True instead)")
         pad, eos = self.codec.pad_id, self.codec.eos_id
@@ -64,8 +71,14 @@ class HFEngine:
             mask[i, width - len(p) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1, :]
+        cache, logits = out.cache, out.logits[:, -1, :]
         next_pos = pos[:, -1:] + 1
+        if k > 1:
+            cache.batch_repeat_interleave(k)
+            logits = logits.repeat_interleave(k, dim=0)
+            mask = mask.repeat_interleave(k, dim=0)
+            next_pos = next_pos.repeat_interleave(k, dim=0)
+            n = n * k
         tokens = torch.empty((n, max_new_tokens), dtype=torch.long)
         logps = torch.empty((n, max_new_tokens), dtype=torch.float32)
         done = torch.zeros(n, dtype=torch.bool)
@@ -90,7 +103,7 @@ class HFEngine:
                 input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
                 cache=cache, use_cache=True,
             )
-            cache, logits = out.past_key_values, out.logits[:, -1, :]
+            cache, logits = out.cache, out.logits[:, -1, :]
             next_pos = next_pos + 1
         comps, lps = [], []
         for i in range(n):

@@ -1,0 +1,1 @@
+"""Training: losses, the trainer loop."""

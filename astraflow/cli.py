@@ -1,0 +1,174 @@
+"""The `astraflow` command. Thin: heavy imports (torch, lancedb) happen inside commands,
+so `astraflow --help` answers at once."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="AstraFlow: decoupled RL for LLM policies over a shared store.")
+
+
+def _parse_sets(sets: list[str]) -> dict[str, object]:
+    import yaml
+
+    out: dict[str, object] = {}
+    for s in sets:
+        if "=" not in s:
+            raise typer.BadParameter(f"--set takes key=value, got {s!r}")
+        k, v = s.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v)
+    return out
+
+
+def _fail(msg: str) -> None:
+    typer.secho(msg, fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def run(
+    flow: Annotated[Path, typer.Argument(help="flow YAML, e.g. examples/math.yaml")],
+    mode: Annotated[str | None, typer.Option(help="async (decoupled) or sync (baseline)")] = None,
+    runs: Annotated[Path, typer.Option(help="folder holding runs/<name>/")] = Path("runs"),
+    overwrite: Annotated[bool, typer.Option(help="delete an existing run of this name first")] = False,
+    set_: Annotated[list[str], typer.Option("--set", help="override a field: stop.max_steps=50")] = [],  # noqa: B006
+) -> None:
+    """Run a whole flow on this machine: warm start, workers, trainer, evaluation."""
+    from astraflow.flow import FlowError, load_flow
+
+    overrides = _parse_sets(set_)
+    if mode is not None:
+        overrides["mode"] = mode
+    try:
+        spec = load_flow(flow, overrides)
+    except FlowError as err:
+        _fail(str(err))
+    from astraflow.local import prepare_run, run_local
+    from astraflow.run import quiet_libraries, setup_logging
+
+    setup_logging("launcher")
+    quiet_libraries()
+    try:
+        ctx = prepare_run(spec, runs, overwrite=overwrite)
+    except FlowError as err:
+        _fail(str(err))
+    run_local(ctx)
+
+
+@app.command()
+def rollout(
+    run_dir: Annotated[Path, typer.Argument(help="a run folder holding flow.resolved.yaml")],
+    worker_id: Annotated[str, typer.Option(help="name of this worker in rows and logs")] = "w0",
+    max_batches: Annotated[int | None, typer.Option(help="stop after this many batches")] = None,
+    minutes: Annotated[float | None, typer.Option(help="stop after this many minutes")] = None,
+) -> None:
+    """Run one rollout worker against a run's store until stopped."""
+    ctx = _open(run_dir, "rollout-" + worker_id)
+    import time
+
+    from astraflow.rollout.worker import RolloutWorker
+
+    stop = _stop_flag()
+    deadline = time.time() + minutes * 60 if minutes else None
+    RolloutWorker(ctx, worker_id).run(max_batches=max_batches, deadline=deadline,
+                                      should_stop=lambda: stop["flag"])
+
+
+@app.command()
+def train(
+    run_dir: Annotated[Path, typer.Argument(help="a run folder holding flow.resolved.yaml")],
+    sync: Annotated[bool, typer.Option(help="trainer-centred baseline: drive a worker in lockstep")] = False,
+    max_steps: Annotated[int | None, typer.Option(help="override stop.max_steps")] = None,
+) -> None:
+    """Run the trainer of a run's policy (resumes from the ledger and newest weights)."""
+    ctx = _open(run_dir, "sync" if sync else "trainer")
+    if max_steps is not None:
+        ctx.flow.stop.max_steps = max_steps
+    stop = _stop_flag()
+    if sync:
+        from astraflow.sync import run_sync
+
+        run_sync(ctx, should_stop=lambda: stop["flag"])
+    else:
+        from astraflow.train.trainer import Trainer
+
+        Trainer(ctx).run(should_stop=lambda: stop["flag"])
+
+
+@app.command(name="eval")
+def eval_(
+    run_dir: Annotated[Path, typer.Argument(help="a run folder")],
+    version: Annotated[int | None, typer.Option(help="weight version (default: newest)")] = None,
+) -> None:
+    """Greedy held-out accuracy of a published weight version."""
+    ctx = _open(run_dir, "eval")
+    from astraflow.local import Evaluator
+
+    ev = Evaluator(ctx)
+    v = ctx.weights().latest(ctx.flow.policy.name) if version is None else version
+    if v is None:
+        _fail(f"no weight versions in {ctx.weights_root}")
+    acc = ev(v)
+    typer.echo(json.dumps({"policy": ctx.flow.policy.name, "version": v, "accuracy": acc,
+                           "tasks": len(ev.tasks)}))
+
+
+@app.command()
+def status(run_dir: Annotated[Path, typer.Argument(help="a run folder")]) -> None:
+    """Steps, rows and versions of a run, read from its store."""
+    ctx = _open(run_dir, "status", quiet=True)
+    from astraflow.report import ledger_totals
+
+    pol = ctx.flow.policy.name
+    totals = ledger_totals(ctx)
+    totals["weight_versions"] = ctx.weights().versions(pol)[-5:]
+    totals["trajectory_rows"] = ctx.trajectories().count(pol)
+    typer.echo(json.dumps(totals, indent=2))
+
+
+def _open(run_dir: Path, component: str, quiet: bool = False):
+    import os
+
+    from astraflow.flow import FlowError
+    from astraflow.run import RESOLVED, RunContext, quiet_libraries, setup_logging
+
+    if not (run_dir / RESOLVED).exists():
+        _fail(f"{run_dir} is not a run folder (no {RESOLVED}); start one with `astraflow run FLOW`")
+    if not quiet:
+        setup_logging(component)
+    quiet_libraries()
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("ASTRAFLOW_THREADS", torch.get_num_threads())))
+    try:
+        return RunContext.open(run_dir)
+    except FlowError as err:
+        _fail(str(err))
+
+
+def _stop_flag() -> dict[str, bool]:
+    """SIGTERM/SIGINT ask the loop to finish its current step and exit cleanly."""
+    import signal
+
+    flag = {"flag": False}
+
+    def handler(signum, _frame):
+        flag["flag"] = True
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return flag
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(app())

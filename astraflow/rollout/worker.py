@@ -1,0 +1,150 @@
+"""The rollout worker: a stateless loop that turns weights into trajectories.
+
+    weights/<policy>/latest ──(verify sha256, swap in place)──► engine
+    workload.sample(seeded rng) ──► prompts ──► engine.generate (G samples each)
+        ──► modelled env/tool wait ──► reward ──► one Arrow batch ──► traj_<policy>
+
+Backpressure and staleness contract:
+  * it waits while the policy's unconsumed backlog (rows after the trainer's
+    ledger cursor) is at least `max_backlog_batches` batches;
+  * it refuses to produce while its loaded weights trail the newest published
+    version by more than `max_weight_lag` (e.g. every newer version failed
+    verification), since such rows would only be dropped as stale.
+Kill it at any instant: nothing is lost but the batch it had not committed
+(one commit per batch, so never a partial batch).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import time
+import uuid
+from datetime import UTC, datetime
+
+import torch
+
+from astraflow.envs.math import MathEnv
+from astraflow.rollout.engine import HFEngine
+from astraflow.run import RunContext
+from astraflow.stores import TamperedWeights, WeightError
+
+log = logging.getLogger("astraflow.rollout")
+
+
+def make_env(ctx: RunContext) -> MathEnv:
+    e = ctx.flow.env
+    return MathEnv(digits=e.digits, op=e.op)
+
+
+class RolloutWorker:
+    def __init__(self, ctx: RunContext, worker_id: str, *, region: str | None = None):
+        self.ctx, self.worker_id = ctx, worker_id
+        self.policy = ctx.flow.policy.name
+        self.region = region or os.environ.get("ASTRAFLOW_REGION", "local")
+        self.traj = ctx.trajectories()
+        self.weights = ctx.weights()
+        self.ledger = ctx.ledger()
+        self.env = make_env(ctx)
+        # Seeded per worker and per start, so restarted workers do not replay tasks.
+        seed = hash((ctx.flow.seed, worker_id, time.time_ns())) & 0x7FFFFFFF
+        self.rng = random.Random(seed)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.engine: HFEngine | None = None
+        self.version: int | None = None
+        self.batches = 0
+
+    # -- weights -----------------------------------------------------------
+    def refresh_weights(self) -> bool:
+        """Load the newest verified version; keep the previous one if it fails."""
+        latest = self.weights.latest(self.policy)
+        if latest is None or latest == self.version:
+            return False
+        try:
+            path = self.weights.load(self.policy, latest)
+        except (TamperedWeights, WeightError) as err:
+            log.warning("%s: refusing %s v%d (%s); keeping v%s", self.worker_id, self.policy,
+                        latest, err, self.version)
+            return False
+        if self.engine is None:
+            self.engine = HFEngine.from_dir(path)
+        else:
+            self.engine.load_weights(path)
+        self.version = latest
+        return True
+
+    # -- backpressure --------------------------------------------------------
+    def backlog_rows(self) -> int:
+        entries = self.ledger.last_entry(self.policy)
+        cursor = entries.cursor_end if entries else 0
+        return self.traj.count_after(self.policy, cursor)
+
+    def wait_for_room(self, should_stop=lambda: False, poll_s: float = 0.05) -> float:
+        """Block while the backlog is full or weights lag too far; returns seconds waited."""
+        t0 = time.time()
+        limit = self.ctx.flow.rollout.max_backlog_batches * self.ctx.flow.batch_rows()
+        lag_limit = self.ctx.flow.rollout.max_weight_lag
+        while not should_stop():
+            self.refresh_weights()
+            latest = self.weights.latest(self.policy)
+            lag = 0 if latest is None or self.version is None else latest - self.version
+            if self.version is not None and lag <= lag_limit and self.backlog_rows() < limit:
+                break
+            time.sleep(poll_s)
+        return time.time() - t0
+
+    # -- one batch ---------------------------------------------------------------
+    def produce_batch(self) -> int:
+        """Generate, score and append one batch (one commit). Returns rows written."""
+        assert self.engine is not None and self.version is not None
+        ro = self.ctx.flow.rollout
+        tasks = [self.env.sample(self.rng) for _ in range(ro.prompts_per_batch)]
+        codec = self.engine.codec
+        prompts = [codec.encode(t.prompt) for t in tasks]
+        gen = self.engine.generate(
+            prompts, samples_per_prompt=ro.samples_per_prompt,
+            max_new_tokens=self.env.max_new_tokens(), temperature=ro.temperature,
+            generator=self.gen,
+        )
+        latency = self.ctx.flow.env.turn_latency_ms / 1000.0
+        if latency > 0:
+            # Modelled environment/tool wait for this turn; the batch's episodes
+            # wait concurrently, as they would on async tool calls.
+            time.sleep(latency)
+        now = datetime.now(UTC)
+        rows = []
+        k = ro.samples_per_prompt
+        batch_tag = uuid.uuid4().hex[:12]  # unique across restarts of this worker id
+        for i, (comp, lps) in enumerate(zip(gen.completions, gen.logprobs, strict=True)):
+            task = tasks[i // k]
+            group = f"{self.worker_id}-{batch_tag}-{i // k}"
+            rows.append({
+                "traj_id": uuid.uuid4().hex, "group_id": group, "policy": self.policy,
+                "behavior_version": self.version, "prompt_ids": prompts[i // k],
+                "completion_ids": comp, "behavior_logprobs": lps, "loss_mask": [1] * len(comp),
+                "reward": self.env.reward(task, codec.decode(comp)), "env": self.env.name,
+                "task_id": task.task_id, "worker": self.worker_id, "region": self.region,
+                "created_at": now, "extras": json.dumps({"host": socket.gethostname()}),
+            })
+        self.traj.append(self.policy, rows)
+        self.batches += 1
+        return len(rows)
+
+    def run(self, *, max_batches: int | None = None, deadline: float | None = None,
+            should_stop=lambda: False) -> int:
+        while not should_stop():
+            if max_batches is not None and self.batches >= max_batches:
+                break
+            if deadline is not None and time.time() > deadline:
+                break
+            self.wait_for_room(should_stop)
+            if should_stop():
+                break
+            n = self.produce_batch()
+            if self.batches % 20 == 0:
+                log.info("%s: %d batches, last %d rows with v%s", self.worker_id, self.batches, n,
+                         self.version)
+        return self.batches

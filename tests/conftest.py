@@ -1,0 +1,29 @@
+"""Shared fixtures: temp stores and a tiny published policy, nothing downloaded."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    import torch
+
+    torch.set_num_threads(1)
+    yield
+
+
+@pytest.fixture
+def tiny_policy_dir(tmp_path):
+    """A random tiny model saved in HF format (hidden 64, 2 layers)."""
+    from astraflow.models.factory import save_policy, tiny_llama
+    from astraflow.models.tokenizer import build_char_tokenizer
+
+    d = tmp_path / "policy"
+    d.mkdir()
+    save_policy(tiny_llama(hidden_size=64, layers=2, heads=2, intermediate_size=128), build_char_tokenizer(), d)
+    return d

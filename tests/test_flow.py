@@ -1,0 +1,93 @@
+"""Flow-spec errors: a bad file fails before anything starts and says how to fix it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from astraflow.flow import FlowError, load_flow
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "math.yaml"
+
+
+def write(tmp_path, data) -> Path:
+    p = tmp_path / "flow.yaml"
+    p.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return p
+
+
+def base() -> dict:
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def test_example_is_valid():
+    spec = load_flow(EXAMPLE)
+    assert spec.policy.name == "solver" and spec.batch_rows() == 256
+
+
+def test_typo_names_the_field_and_suggests(tmp_path):
+    d = base()
+    d["policies"][0]["algorithm"]["lerning_rate"] = 1e-4
+    with pytest.raises(FlowError) as e:
+        load_flow(write(tmp_path, d))
+    msg = str(e.value)
+    assert "policies.0.algorithm.lerning_rate" in msg
+    assert "unknown field" in msg
+
+
+def test_wrong_value_names_the_path(tmp_path):
+    d = base()
+    d["rollout"]["samples_per_prompt"] = 1
+    with pytest.raises(FlowError, match=r"rollout\.samples_per_prompt.*greater than or equal to 2"):
+        load_flow(write(tmp_path, d))
+
+
+def test_missing_required(tmp_path):
+    d = base()
+    del d["policies"]
+    with pytest.raises(FlowError, match="policies: required field is missing"):
+        load_flow(write(tmp_path, d))
+
+
+def test_model_shape_hint(tmp_path):
+    d = base()
+    d["policies"][0]["model"]["hidden_size"] = 100
+    d["policies"][0]["model"]["heads"] = 3
+    with pytest.raises(FlowError, match="divisible by heads"):
+        load_flow(write(tmp_path, d))
+
+
+def test_unknown_stage(tmp_path):
+    d = base()
+    d["stages"] = [{"name": "grpo"}]
+    with pytest.raises(FlowError, match="unknown stage 'grpo'"):
+        load_flow(write(tmp_path, d))
+
+
+def test_not_yaml_and_missing_file(tmp_path):
+    with pytest.raises(FlowError, match="not valid YAML"):
+        load_flow(write(tmp_path, "name: [unclosed"))
+    with pytest.raises(FlowError, match="no such flow file"):
+        load_flow(tmp_path / "nope.yaml")
+    with pytest.raises(FlowError, match="YAML mapping"):
+        load_flow(write(tmp_path, "- a\n- b\n"))
+
+
+def test_overrides(tmp_path):
+    spec = load_flow(EXAMPLE, {"stop.max_steps": 7, "mode": "sync"})
+    assert spec.stop.max_steps == 7 and spec.mode == "sync"
+
+
+def test_cli_refuses_bad_flow_and_starts_nothing(tmp_path):
+    d = base()
+    d["rollout"]["workers"] = 0
+    p = write(tmp_path, d)
+    r = subprocess.run([sys.executable, "-m", "astraflow.cli", "run", str(p), "--runs",
+                        str(tmp_path / "runs")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "rollout.workers" in r.stderr
+    assert not (tmp_path / "runs").exists()

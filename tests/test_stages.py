@@ -1,0 +1,67 @@
+"""Data stages: pure functions whose every dropped row is accounted for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from astraflow.data.stages import StageContext, resolve_stage, run_stages
+
+CTX = StageContext(policy="p", version=10, step=3)
+
+
+def table(groups, rewards, versions=None):
+    versions = versions or [10] * len(rewards)
+    return pa.table({"group_id": groups, "reward": pa.array(rewards, pa.float32()),
+                     "behavior_version": pa.array(versions, pa.int64())})
+
+
+def test_group_advantages_normalised_per_group():
+    t = table(["a", "a", "b", "b", "b", "b"], [1, 0, 1, 1, 0, 0])
+    res = resolve_stage("group_advantages")(t, CTX)
+    adv = res.rows.column("advantage").to_numpy()
+    np.testing.assert_allclose(adv, [1, -1, 1, 1, -1, -1], atol=1e-4)
+
+
+def test_zero_variance_groups_filtered_and_counted():
+    t = table(["a", "a", "b", "b", "c"], [1, 1, 0, 1, 1])
+    res = resolve_stage("zero_variance_filter")(t, CTX)
+    assert res.rows.column("group_id").to_pylist() == ["b", "b"]
+    assert res.dropped == {"zero_variance": 3}
+
+
+def test_staleness_bound():
+    t = table(["a", "a", "b", "b"], [1, 0, 1, 0], versions=[10, 10, 1, 1])
+    res = resolve_stage("staleness")(t, CTX, max_versions=8)
+    assert res.rows.num_rows == 2 and res.dropped == {"stale": 2}
+
+
+def test_chain_and_user_stage():
+    t = table(["a", "a", "b", "b"], [1, 0, 1, 1])
+    res = run_stages(t, CTX, [("zero_variance_filter", {}), ("group_advantages", {}),
+                              ("tests.test_stages:drop_first", {})])
+    assert res.rows.num_rows == 1
+    assert res.dropped == {"zero_variance": 2, "user": 1}
+
+
+def drop_first(rows, ctx):
+    from astraflow.data.stages import StageResult
+
+    return StageResult(rows.slice(1), {"user": 1})
+
+
+def lying_stage(rows, ctx):
+    from astraflow.data.stages import StageResult
+
+    return StageResult(rows.slice(1), {})
+
+
+def test_a_stage_that_hides_drops_is_refused():
+    with pytest.raises(RuntimeError, match="account for every row"):
+        run_stages(table(["a", "a"], [1, 0]), CTX, [("tests.test_stages:lying_stage", {})])
+
+
+def test_unknown_stage_names_the_choices():
+    with pytest.raises(ValueError, match="group_advantages"):
+        resolve_stage("grpo")

@@ -1,0 +1,193 @@
+"""Trajectory store, weight store and ledger, on real LanceDB and real files."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from astraflow.stores import (
+    Ledger,
+    LedgerEntry,
+    SchemaMismatch,
+    TamperedWeights,
+    TrajectoryStore,
+    WeightError,
+    WeightStore,
+    check_ledger,
+)
+
+
+def make_rows(policy: str, n: int, tag: str = "w") -> list[dict]:
+    now = datetime.now(UTC)
+    return [
+        {
+            "traj_id": f"{tag}-{uuid.uuid4().hex}", "group_id": f"g{i // 4}", "policy": policy,
+            "behavior_version": 0, "prompt_ids": [1, 5, 6], "completion_ids": [7, 2],
+            "behavior_logprobs": [-0.5, -0.1], "loss_mask": [1, 1], "reward": float(i % 2),
+            "env": "math", "task_id": f"t{i}", "worker": tag, "region": "local",
+            "created_at": now, "extras": "{}",
+        }
+        for i in range(n)
+    ]
+
+
+def _writer(uri: str, tag: str, batches: int, rows: int) -> None:
+    store = TrajectoryStore(uri)
+    for _ in range(batches):
+        store.append("p", make_rows("p", rows, tag))
+
+
+def test_cursor_exact_under_concurrent_writers(tmp_path):
+    """4 writer processes append while a reader follows its cursor: every row once."""
+    uri = str(tmp_path / "store")
+    store = TrajectoryStore(uri)
+    store.table("p")  # create before the writers race
+    writers, batches, rows = 4, 25, 8
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(uri, f"w{i}", batches, rows)) for i in range(writers)]
+    for p in procs:
+        p.start()
+    seen: list[str] = []
+    cursor, slices = 0, 0
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        alive = any(p.is_alive() for p in procs)
+        sl = store.read_after("p", cursor, min_rows=1, max_rows=3 * rows, columns=["traj_id"])
+        if sl is not None:
+            assert sl.start == cursor and sl.end > cursor
+            seen += sl.rows.column("traj_id").to_pylist()
+            cursor, slices = sl.end, slices + 1
+        elif not alive:
+            break
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0
+    total = writers * batches * rows
+    assert len(seen) == total, f"read {len(seen)} rows, {total} were written"
+    assert len(set(seen)) == total, "a row was read twice"
+    assert store.count("p") == total
+    assert slices > 1  # the reader really interleaved with the writers
+
+
+def test_read_after_cuts_on_commit_boundaries(tmp_path):
+    store = TrajectoryStore(tmp_path / "s")
+    versions = [store.append("p", make_rows("p", 8)) for _ in range(3)]
+    sl = store.read_after("p", 0, min_rows=8, max_rows=8)
+    assert sl.num_rows == 8 and sl.end == versions[0]
+    sl2 = store.read_after("p", sl.end, min_rows=8, max_rows=8)
+    assert sl2.end == versions[1]
+    assert store.read_after("p", versions[2], min_rows=1) is None
+    assert store.read_after("p", versions[1], min_rows=9) is None  # only 8 new rows
+    assert store.count_after("p", versions[0]) == 16
+
+
+def test_cursor_survives_compaction(tmp_path):
+    store = TrajectoryStore(tmp_path / "s")
+    for _ in range(5):
+        v = store.append("p", make_rows("p", 4))
+    before = store.read_after("p", 2, columns=["traj_id"]).rows.column("traj_id").to_pylist()
+    store.maintain("p")
+    after = store.read_after("p", 2, columns=["traj_id"])
+    assert sorted(after.rows.column("traj_id").to_pylist()) == sorted(before)
+    assert store.read_after("p", v) is None or store.read_after("p", v).num_rows == 0
+
+
+def test_schema_checked_on_write(tmp_path):
+    store = TrajectoryStore(tmp_path / "s")
+    rows = make_rows("p", 2)
+    rows[1]["reward"] = "high"
+    with pytest.raises(SchemaMismatch, match="'reward'"):
+        store.append("p", rows)
+    rows = make_rows("p", 2)
+    rows[0]["behavior_logprobs"] = [-0.1]  # one logprob for two tokens
+    with pytest.raises(SchemaMismatch, match="behavior_logprobs"):
+        store.append("p", rows)
+    rows = make_rows("p", 2)
+    del rows[0]["loss_mask"]
+    with pytest.raises(SchemaMismatch, match="loss_mask"):
+        store.append("p", rows)
+    with pytest.raises(SchemaMismatch, match="'policy'"):
+        store.append("q", make_rows("p", 2))
+    assert store.count("p") == 0  # nothing half-written
+
+
+def _publish(ws: WeightStore, policy: str, payload: bytes, step: int = 0) -> int:
+    d = ws.staging_dir(policy)
+    (d / "model.safetensors").write_bytes(payload)
+    (d / "config.json").write_text(json.dumps({"x": step}))
+    return ws.publish(policy, d, step=step)
+
+
+def test_weight_versions_need_a_manifest(tmp_path):
+    ws = WeightStore(tmp_path / "w")
+    assert ws.latest("p") is None
+    assert _publish(ws, "p", b"a" * 100) == 0
+    assert _publish(ws, "p", b"b" * 100, step=5) == 1
+    # A half-written version: files but no manifest (a trainer killed mid-publish).
+    half = ws.dir("p", 2)
+    half.mkdir()
+    (half / "model.safetensors").write_bytes(b"c" * 100)
+    assert ws.latest("p") == 1
+    assert ws.versions("p") == [0, 1]
+    with pytest.raises(WeightError, match="does not exist"):
+        ws.load("p", 2)
+    man = ws.manifest("p", 1)
+    assert man.step == 5 and man.parent == 0 and man.total_bytes > 100
+    assert ws.load("p", 1) == ws.dir("p", 1)
+
+
+def test_tampered_weights_are_refused(tmp_path):
+    ws = WeightStore(tmp_path / "w")
+    v = _publish(ws, "p", b"a" * 100)
+    f = ws.dir("p", v) / "model.safetensors"
+    f.write_bytes(b"a" * 99 + b"b")  # same size, different bytes
+    with pytest.raises(TamperedWeights, match="sha256"):
+        ws.load("p", v)
+    f.write_bytes(b"a" * 50)  # truncated
+    with pytest.raises(TamperedWeights, match="bytes"):
+        ws.load("p", v)
+
+
+def test_pickle_weights_never_published_or_loaded(tmp_path):
+    ws = WeightStore(tmp_path / "w")
+    d = ws.staging_dir("p")
+    (d / "pytorch_model.bin").write_bytes(b"\x80\x04pickle")
+    with pytest.raises(WeightError, match="refusing weight file"):
+        ws.publish("p", d, step=0)
+    v = _publish(ws, "p", b"a")
+    (ws.dir("p", v) / "extra.pt").write_bytes(b"\x80\x04")
+    with pytest.raises(TamperedWeights, match="unexpected file"):
+        ws.load("p", v)
+
+
+def test_prune_keeps_last_milestones_and_protected(tmp_path):
+    ws = WeightStore(tmp_path / "w")
+    for i in range(12):
+        _publish(ws, "p", bytes([i]) * 10)
+    removed = ws.prune("p", keep_last=3, keep_every=5, protect={7})
+    assert ws.versions("p") == [0, 5, 7, 9, 10, 11]
+    assert sorted(removed) == [1, 2, 3, 4, 6, 8]
+    assert not ws.dir("p", 1).exists()
+
+
+def test_ledger_adds_up_and_detects_gaps(tmp_path):
+    led = Ledger(tmp_path / "s")
+    led.record(LedgerEntry("p", 0, 0, 3, 10, 6, 2, 2, True, 1))
+    led.record(LedgerEntry("p", 1, 3, 5, 8, 8, 0, 0, True, 2))
+    entries = led.entries("p")
+    assert [e.step for e in entries] == [0, 1]
+    assert check_ledger(entries) == []
+    assert led.last_entry("p").cursor_end == 5
+    with pytest.raises(ValueError, match="does not add up"):
+        led.record(LedgerEntry("p", 2, 5, 6, 8, 1, 0, 0, True, 2))
+    bad = [*entries, LedgerEntry("p", 2, 7, 9, 1, 1, 0, 0, True, 3)]
+    assert any("gap" in p for p in check_ledger(bad))
+    bad = [*entries, LedgerEntry("p", 2, 4, 9, 1, 1, 0, 0, True, 3)]
+    assert any("overlap" in p for p in check_ledger(bad))
+    led.log("trainer", "p", 0, {"loss": 0.5})
+    assert led.read_metrics(names=["loss"]).num_rows == 1
