@@ -119,7 +119,7 @@ def components(ctx: RunContext) -> list[Component]:
 
 
 def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]:
-    console = console or Console()
+    console = console or Console(soft_wrap=True)
     flow, pol = ctx.flow, ctx.flow.policy.name
     t_start = time.time()
     # Warm start has the machine to itself: give it every core the components will share.

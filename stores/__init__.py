@@ -4,11 +4,11 @@ A leaf package: it imports nothing from the runtime, so rollout workers,
 trainers, audits and scaling policies can all depend on it.
 """
 
-from ._lance import SchemaMismatch, StoreError
-from .ledger import Ledger, LedgerEntry, check_ledger
-from .schema import SCHEMA_VERSION, TRAJECTORY_SCHEMA
-from .trajectories import Slice, TrajectoryStore, table_name
-from .weights import Manifest, TamperedWeights, WeightError, WeightStore
+from astraflow.stores._lance import SchemaMismatch, StoreError
+from astraflow.stores.ledger import Ledger, LedgerEntry, check_ledger
+from astraflow.stores.schema import SCHEMA_VERSION, TRAJECTORY_SCHEMA
+from astraflow.stores.trajectories import Slice, TrajectoryStore, table_name
+from astraflow.stores.weights import Manifest, TamperedWeights, WeightError, WeightStore
 
 __all__ = [
     "SCHEMA_VERSION",

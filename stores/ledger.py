@@ -14,11 +14,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 
-from . import _lance
+from astraflow.stores import _lance
 
 LEDGER_SCHEMA = pa.schema(
     [

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._lance import SchemaMismatch
+from astraflow.stores._lance import SchemaMismatch
 
 SCHEMA_VERSION = 1
 

@@ -19,8 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import _lance
-from .schema import TRAJECTORY_SCHEMA, to_table
+from astraflow.stores import _lance
+from astraflow.stores.schema import TRAJECTORY_SCHEMA, to_table
 
 
 def table_name(policy: str) -> str:

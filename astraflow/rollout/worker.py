@@ -56,6 +56,7 @@ class RolloutWorker:
         self.engine: HFEngine | None = None
         self.version: int | None = None
         self.batches = 0
+        self.last_wait_s = 0.0
 
     # -- weights -----------------------------------------------------------
     def refresh_weights(self) -> bool:
@@ -101,6 +102,7 @@ class RolloutWorker:
         """Generate, score and append one batch (one commit). Returns rows written."""
         assert self.engine is not None and self.version is not None
         ro = self.ctx.flow.rollout
+        t0 = time.time()
         tasks = [self.env.sample(self.rng) for _ in range(ro.prompts_per_batch)]
         codec = self.engine.codec
         prompts = [codec.encode(t.prompt) for t in tasks]
@@ -109,11 +111,13 @@ class RolloutWorker:
             max_new_tokens=self.env.max_new_tokens(), temperature=ro.temperature,
             generator=self.gen,
         )
+        t_gen = time.time()
         latency = self.ctx.flow.env.turn_latency_ms / 1000.0
         if latency > 0:
             # Modelled environment/tool wait for this turn; the batch's episodes
             # wait concurrently, as they would on async tool calls.
             time.sleep(latency)
+        t_env = time.time()
         now = datetime.now(UTC)
         rows = []
         k = ro.samples_per_prompt
@@ -130,7 +134,13 @@ class RolloutWorker:
                 "created_at": now, "extras": json.dumps({"host": socket.gethostname()}),
             })
         self.traj.append(self.policy, rows)
+        t_end = time.time()
         self.batches += 1
+        self.ledger.log("rollout", self.policy, self.batches, {
+            "gen_s": t_gen - t0, "env_wait_s": t_env - t_gen, "append_s": t_end - t_env,
+            "backpressure_s": self.last_wait_s, "rows": len(rows),
+            "reward_mean": sum(r["reward"] for r in rows) / len(rows),
+        })
         return len(rows)
 
     def run(self, *, max_batches: int | None = None, deadline: float | None = None,
@@ -140,7 +150,7 @@ class RolloutWorker:
                 break
             if deadline is not None and time.time() > deadline:
                 break
-            self.wait_for_room(should_stop)
+            self.last_wait_s = self.wait_for_room(should_stop)
             if should_stop():
                 break
             n = self.produce_batch()

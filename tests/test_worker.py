@@ -1,0 +1,84 @@
+"""The rollout worker against a real store: weights, tampering, backpressure, rows."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+
+import pytest
+
+from astraflow.flow import parse_flow
+from astraflow.rollout.worker import RolloutWorker
+from astraflow.run import RESOLVED, RunContext
+from astraflow.stores import LedgerEntry
+
+
+@pytest.fixture
+def ctx(tmp_path, tiny_policy_dir):
+    flow = parse_flow({
+        "name": "w", "policies": [{"name": "solver", "model": {"hidden_size": 64, "layers": 2,
+                                                               "heads": 2, "intermediate_size": 128}}],
+        "env": {"digits": 2, "eval_size": 20},
+        "rollout": {"prompts_per_batch": 3, "samples_per_prompt": 2, "max_backlog_batches": 1},
+    })
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RESOLVED).write_text(flow.dump())
+    c = RunContext(flow, run)
+    ws = c.weights()
+    for _ in range(2):
+        st = ws.staging_dir("solver")
+        for f in tiny_policy_dir.iterdir():
+            shutil.copy(f, st)
+        ws.publish("solver", st, step=0)
+    return c
+
+
+def test_worker_writes_one_commit_per_batch_with_logprobs(ctx):
+    w = RolloutWorker(ctx, "wA")
+    assert w.refresh_weights() and w.version == 1
+    v = ctx.trajectories().latest_version("solver")
+    assert w.produce_batch() == 6
+    assert ctx.trajectories().latest_version("solver") == v + 1  # exactly one commit
+    rows = ctx.trajectories().read_range("solver", 0, 10**9).to_pylist()
+    assert len(rows) == 6 and {r["behavior_version"] for r in rows} == {1}
+    assert len({r["group_id"] for r in rows}) == 3  # 3 prompts × 2 samples
+    for r in rows:
+        assert len(r["completion_ids"]) == len(r["behavior_logprobs"]) == len(r["loss_mask"]) > 0
+        assert r["worker"] == "wA" and r["policy"] == "solver"
+
+
+def test_tampered_version_is_refused_and_previous_kept(ctx, caplog):
+    w = RolloutWorker(ctx, "wA")
+    w.refresh_weights()
+    ws = ctx.weights()
+    st = ws.staging_dir("solver")
+    for f in ws.dir("solver", 1).iterdir():
+        if f.name != "MANIFEST.json":
+            shutil.copy(f, st)
+    v2 = ws.publish("solver", st, step=2)
+    f = ws.dir("solver", v2) / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-10] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="astraflow.rollout"):
+        assert not w.refresh_weights()
+    assert w.version == 1
+    assert "refusing solver v2" in caplog.text and "sha256" in caplog.text
+    w.produce_batch()
+    rows = ctx.trajectories().read_range("solver", 0, 10**9, columns=["behavior_version"])
+    assert set(rows.column("behavior_version").to_pylist()) == {1}
+
+
+def test_backpressure_waits_for_the_trainer(ctx):
+    w = RolloutWorker(ctx, "wA")
+    w.refresh_weights()
+    w.produce_batch()  # backlog: 1 batch = the bound
+    t0 = time.time()
+    waited = w.wait_for_room(should_stop=lambda: time.time() - t0 > 1.0)
+    assert waited >= 1.0  # blocked until told to stop
+    end = ctx.trajectories().latest_version("solver")
+    ctx.ledger().record(LedgerEntry("solver", 0, 0, end, 6, 6, 0, 0, True, 1))
+    t0 = time.time()
+    assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 5.0) < 2.0
