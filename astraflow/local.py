@@ -15,6 +15,7 @@ The launcher never talks to a component: it reads the same store they write.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import time
@@ -33,6 +34,7 @@ from astraflow.report import ledger_totals, plot, write_summary
 from astraflow.rollout.engine import HFEngine
 from astraflow.rollout.worker import make_env
 from astraflow.run import RESOLVED, RunContext
+from astraflow.stores import WeightError
 from astraflow.supervise import Component, Supervisor
 
 log = logging.getLogger("astraflow.local")
@@ -74,7 +76,7 @@ def publish_version0(ctx: RunContext, console: Console) -> dict[str, Any]:
                   f">= {pol.warm_start.target_accuracy:.0%} (at most {pol.warm_start.max_steps} steps)")
 
     def progress(step: int, acc: float) -> None:
-        if step % 100 == 0 or acc > 0.02:
+        if step % 100 == 0 or acc >= pol.warm_start.target_accuracy:
             console.print(f"  warm start step {step}: validation accuracy {acc:.1%}")
 
     res = warm_start(model, codec, env, pol.warm_start, seed=ctx.flow.seed, progress=progress)
@@ -109,7 +111,10 @@ def components(ctx: RunContext) -> list[Component]:
     flow, logs = ctx.flow, ctx.run_dir / "logs"
     run = str(ctx.run_dir)
     if flow.mode == "sync":
-        threads = flow.rollout.threads + flow.trainer.threads
+        # The baseline gets the same cores the decoupled components share (never more
+        # threads than cores: oversubscribing one process only slows it down).
+        threads = min(flow.rollout.threads * flow.rollout.workers + flow.trainer.threads,
+                      os.cpu_count() or 1)
         return [Component("sync", ["train", run, "--sync"], threads, logs / "sync.log")]
     comps = [Component("trainer", ["train", run], flow.trainer.threads, logs / "trainer.log")]
     for i in range(flow.rollout.workers):
@@ -123,7 +128,8 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
     flow, pol = ctx.flow, ctx.flow.policy.name
     t_start = time.time()
     # Warm start has the machine to itself: give it every core the components will share.
-    torch.set_num_threads(flow.rollout.threads * flow.rollout.workers + flow.trainer.threads)
+    torch.set_num_threads(min(flow.rollout.threads * flow.rollout.workers + flow.trainer.threads,
+                              os.cpu_count() or 1))
     warm = publish_version0(ctx, console)
     torch.set_num_threads(1)  # from here on the launcher only evaluates, beside the components
     evaluator = Evaluator(ctx)
@@ -172,8 +178,13 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
                 _show(console, now - t0, latest, live)
             if now - last_eval >= flow.stop.eval_every_s:
                 v = ctx.weights().latest(pol)
+                acc = None
                 if v is not None:
-                    acc = evaluator(v, flow.stop.live_eval_size)
+                    try:
+                        acc = evaluator(v, flow.stop.live_eval_size)
+                    except (WeightError, FileNotFoundError) as err:  # pruned meanwhile
+                        log.info("live eval of v%s skipped: %s", v, err)
+                if acc is not None:
                     ledger.log("eval", pol, v, {"heldout_accuracy": acc})
                     live.append({"t": time.time() - t0, "version": v, "accuracy": acc})
                     if flow.stop.target_accuracy is not None and acc >= flow.stop.target_accuracy:
@@ -204,7 +215,7 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
         "restarts": {c.name: c.restarts for c in sup.components},
     }
     write_summary(ctx, summary)
-    plot(ctx, t0)
+    plot(ctx, t0, acc0=acc0, final=(t_end - t0, acc_final))
     console.print(
         f"[bold]done[/bold] ({reason}): {totals['steps']} steps in {t_end - t0:.0f}s; held-out "
         f"accuracy v0 {acc0:.1%} → v{final_v} {acc_final:.1%} "

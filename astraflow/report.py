@@ -36,7 +36,8 @@ def write_summary(ctx: RunContext, summary: dict[str, Any]) -> Path:
     return path
 
 
-def plot(ctx: RunContext, t0: float) -> Path:
+def plot(ctx: RunContext, t0: float, acc0: float | None = None,
+         final: tuple[float, float] | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,6 +51,10 @@ def plot(ctx: RunContext, t0: float) -> Path:
                 label="train reward (sampled, T=1)")
     if acc:
         ax.plot([t - t0 for t, _ in acc], [v for _, v in acc], "o-", label="held-out accuracy (greedy)")
+    if acc0 is not None:
+        ax.axhline(acc0, ls="--", color="grey", lw=1, label=f"version 0 held-out ({acc0:.0%})")
+    if final is not None:
+        ax.plot([final[0]], [final[1]], "r*", ms=12, label=f"final held-out ({final[1]:.0%}, all tasks)")
     ax.set_xlabel("seconds since components started")
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(0, 1)

@@ -5,7 +5,7 @@ trainers, audits and scaling policies can all depend on it.
 """
 
 from astraflow.stores._lance import SchemaMismatch, StoreError
-from astraflow.stores.ledger import Ledger, LedgerEntry, check_ledger
+from astraflow.stores.ledger import Ledger, LedgerEntry, Progress, check_ledger
 from astraflow.stores.schema import SCHEMA_VERSION, TRAJECTORY_SCHEMA
 from astraflow.stores.trajectories import Slice, TrajectoryStore, table_name
 from astraflow.stores.weights import Manifest, TamperedWeights, WeightError, WeightStore
@@ -16,6 +16,7 @@ __all__ = [
     "Ledger",
     "LedgerEntry",
     "Manifest",
+    "Progress",
     "SchemaMismatch",
     "Slice",
     "StoreError",

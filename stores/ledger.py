@@ -11,6 +11,8 @@ Metrics are long-format (component, policy, step, name, value) so that
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,10 +64,28 @@ class LedgerEntry:
     time: float = 0.0
 
 
+@dataclass(frozen=True)
+class Progress:
+    """A consumer's position, mirrored from its newest ledger row into one small file.
+
+    Rollout workers poll it many times a second for backpressure; reading one
+    small file costs far less than scanning the ledger table. The ledger stays
+    the source of truth (the trainer rewrites this after every ledger row).
+    """
+
+    policy: str
+    step: int
+    cursor: int
+    rows_consumed: int
+    weight_version: int
+    time: float
+
+
 class Ledger:
     """The `ledger` and `metrics` tables of one store location."""
 
     def __init__(self, uri: str | Path, storage_options: dict[str, str] | None = None):
+        self._progress_dir = Path(str(uri)) / "_progress"
         self._db = _lance.connect(uri, storage_options)
         self.ledger = _lance.open_or_create(self._db, "ledger", LEDGER_SCHEMA)
         self.metrics = _lance.open_or_create(self._db, "metrics", METRICS_SCHEMA)
@@ -79,6 +99,19 @@ class Ledger:
         row = asdict(entry)
         row["time"] = row["time"] or time.time()
         _lance.append(self.ledger, pa.Table.from_pylist([row], schema=LEDGER_SCHEMA))
+
+    def write_progress(self, p: Progress) -> None:
+        self._progress_dir.mkdir(parents=True, exist_ok=True)
+        path = self._progress_dir / f"{p.policy}.json"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(p)))
+        os.replace(tmp, path)  # readers see the old or the new file, never half of one
+
+    def progress(self, policy: str) -> Progress | None:
+        try:
+            return Progress(**json.loads((self._progress_dir / f"{policy}.json").read_text()))
+        except FileNotFoundError:
+            return None
 
     def entries(self, policy: str | None = None) -> list[LedgerEntry]:
         ds = _lance.latest_dataset(self.ledger)

@@ -72,6 +72,7 @@ class TrajectoryStore:
         return int(table.version)
 
     def count(self, policy: str) -> int:
+        """All rows of the policy's table (metadata only: cheap enough to poll)."""
         table = self.table(policy)
         table.checkout_latest()
         return int(table.count_rows())

@@ -11,7 +11,7 @@ import pytest
 from astraflow.flow import parse_flow
 from astraflow.rollout.worker import RolloutWorker
 from astraflow.run import RESOLVED, RunContext
-from astraflow.stores import LedgerEntry
+from astraflow.stores import LedgerEntry, Progress
 
 
 @pytest.fixture
@@ -79,6 +79,8 @@ def test_backpressure_waits_for_the_trainer(ctx):
     waited = w.wait_for_room(should_stop=lambda: time.time() - t0 > 1.0)
     assert waited >= 1.0  # blocked until told to stop
     end = ctx.trajectories().latest_version("solver")
-    ctx.ledger().record(LedgerEntry("solver", 0, 0, end, 6, 6, 0, 0, True, 1))
+    led = ctx.ledger()
+    led.record(LedgerEntry("solver", 0, 0, end, 6, 6, 0, 0, True, 1))
+    led.write_progress(Progress("solver", 0, end, 6, 1, time.time()))  # as the trainer does
     t0 = time.time()
     assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 5.0) < 2.0

@@ -66,22 +66,32 @@ class RolloutWorker:
             return False
         try:
             path = self.weights.load(self.policy, latest)
-        except (TamperedWeights, WeightError) as err:
+        except TamperedWeights as err:
             log.warning("%s: refusing %s v%d (%s); keeping v%s", self.worker_id, self.policy,
                         latest, err, self.version)
             return False
-        if self.engine is None:
-            self.engine = HFEngine.from_dir(path)
-        else:
-            self.engine.load_weights(path)
+        except WeightError as err:  # pruned between listing and loading: try again later
+            log.info("%s: %s v%d vanished before loading (%s)", self.worker_id, self.policy,
+                     latest, err)
+            return False
+        try:
+            if self.engine is None:
+                self.engine = HFEngine.from_dir(path)
+            else:
+                self.engine.load_weights(path)
+        except FileNotFoundError as err:  # pruned while reading: keep what we had
+            log.info("%s: %s v%d pruned while loading (%s)", self.worker_id, self.policy,
+                     latest, err)
+            return False
         self.version = latest
         return True
 
     # -- backpressure --------------------------------------------------------
     def backlog_rows(self) -> int:
-        entries = self.ledger.last_entry(self.policy)
-        cursor = entries.cursor_end if entries else 0
-        return self.traj.count_after(self.policy, cursor)
+        """Rows not yet consumed by the trainer: table size minus what the trainer
+        has read (its progress file). Both are cheap reads, so polling is cheap."""
+        progress = self.ledger.progress(self.policy)
+        return self.traj.count(self.policy) - (progress.rows_consumed if progress else 0)
 
     def wait_for_room(self, should_stop=lambda: False, poll_s: float = 0.05) -> float:
         """Block while the backlog is full or weights lag too far; returns seconds waited."""

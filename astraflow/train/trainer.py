@@ -26,7 +26,7 @@ from astraflow.data.stages import StageContext, run_stages
 from astraflow.models.factory import load_policy, save_policy
 from astraflow.models.tokenizer import CharCodec
 from astraflow.run import RunContext
-from astraflow.stores import LedgerEntry, Slice
+from astraflow.stores import LedgerEntry, Progress, Slice
 from astraflow.train.loss import completion_logprobs, ppo_clip_loss
 
 log = logging.getLogger("astraflow.trainer")
@@ -70,6 +70,7 @@ class Trainer:
         self.cursor = past[-1].cursor_end if past else 0
         self.step = past[-1].step + 1 if past else 0
         self.optimizer_steps = sum(e.optimizer_step for e in past)
+        self.rows_consumed = sum(e.rows_read for e in past)
         self.stages = [(s.name, dict(s.params)) for s in ctx.flow.stages]
         self._last_step_end = time.time()
         if past:
@@ -111,6 +112,10 @@ class Trainer:
             rows_filtered=filtered, optimizer_step=did_step, weight_version=self.version,
         ))
         self.cursor = sl.end
+        self.rows_consumed += sl.num_rows
+        self.ledger.write_progress(Progress(
+            policy=self.policy, step=self.step, cursor=self.cursor,
+            rows_consumed=self.rows_consumed, weight_version=self.version, time=time.time()))
         metrics["step_time_s"] = time.time() - t0
         metrics["weight_version"] = self.version
         self.ledger.log("trainer", self.policy, self.step, metrics)
