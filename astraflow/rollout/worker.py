@@ -5,8 +5,9 @@
         ──► modelled env/tool wait ──► reward ──► one Arrow batch ──► traj_<policy>
 
 Backpressure and staleness contract:
-  * it waits while the policy's unconsumed backlog (rows after the trainer's
-    ledger cursor) is at least `max_backlog_batches` batches;
+  * it waits while the policy's unconsumed backlog (table rows minus the rows
+    the trainer's progress file says it consumed) is at least
+    `max_backlog_batches` batches;
   * it refuses to produce while its loaded weights trail the newest published
     version by more than `max_weight_lag` (e.g. every newer version failed
     verification), since such rows would only be dropped as stale.
@@ -55,13 +56,15 @@ class RolloutWorker:
         self.gen = torch.Generator().manual_seed(seed)
         self.engine: HFEngine | None = None
         self.version: int | None = None
+        self.newest: int | None = None  # newest published version seen by refresh_weights
+        self.extras = json.dumps({"host": socket.gethostname()})
         self.batches = 0
         self.last_wait_s = 0.0
 
     # -- weights -----------------------------------------------------------
     def refresh_weights(self) -> bool:
         """Load the newest verified version; keep the previous one if it fails."""
-        latest = self.weights.latest(self.policy)
+        latest = self.newest = self.weights.latest(self.policy)
         if latest is None or latest == self.version:
             return False
         try:
@@ -100,8 +103,7 @@ class RolloutWorker:
         lag_limit = self.ctx.flow.rollout.max_weight_lag
         while not should_stop():
             self.refresh_weights()
-            latest = self.weights.latest(self.policy)
-            lag = 0 if latest is None or self.version is None else latest - self.version
+            lag = 0 if self.newest is None or self.version is None else self.newest - self.version
             if self.version is not None and lag <= lag_limit and self.backlog_rows() < limit:
                 break
             time.sleep(poll_s)
@@ -141,7 +143,7 @@ class RolloutWorker:
                 "completion_ids": comp, "behavior_logprobs": lps, "loss_mask": [1] * len(comp),
                 "reward": self.env.reward(task, codec.decode(comp)), "env": self.env.name,
                 "task_id": task.task_id, "worker": self.worker_id, "region": self.region,
-                "created_at": now, "extras": json.dumps({"host": socket.gethostname()}),
+                "created_at": now, "extras": self.extras,
             })
         self.traj.append(self.policy, rows)
         t_end = time.time()
