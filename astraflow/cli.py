@@ -132,6 +132,33 @@ def status(run_dir: Annotated[Path, typer.Argument(help="a run folder")]) -> Non
     typer.echo(json.dumps(totals, indent=2))
 
 
+@app.command()
+def audit(
+    run_dir: Annotated[Path, typer.Argument(help="a run folder")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the counts as JSON")] = False,
+) -> None:
+    """Verify exactly-once from the store: ledger, trajectory tables, weights, checkpoints.
+
+    Exits 1 on any violation (duplicated or silently lost rows, overlapping
+    steps, non-monotonic or unverifiable weight versions, damaged checkpoints)."""
+    ctx = _open(run_dir, "audit", quiet=True)
+    from astraflow.audit import audit as run_audit
+
+    reports = run_audit(ctx)
+    if as_json:
+        typer.echo(json.dumps({r.policy: {**r.counts, "problems": r.violations} for r in reports},
+                              indent=2))
+    else:
+        for r in reports:
+            typer.echo(f"policy {r.policy}: " + ", ".join(f"{k} {v}" for k, v in r.counts.items()))
+            for v in r.violations:
+                typer.secho(f"  VIOLATION: {v}", fg=typer.colors.RED, err=True)
+            typer.echo(f"policy {r.policy}: " + ("OK" if r.ok else
+                                                 f"{len(r.violations)} violation(s)"))
+    if not all(r.ok for r in reports):
+        raise typer.Exit(1)
+
+
 def _open(run_dir: Path, component: str, quiet: bool = False):
     import os
 

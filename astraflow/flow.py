@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -105,6 +106,9 @@ class RolloutSpec(_Spec):
 class TrainerSpec(_Spec):
     threads: int = Field(1, ge=1)
     poll_interval_s: float = Field(0.02, gt=0)
+    checkpoint_every: int = Field(20, ge=1)
+    """Steps between checkpoints (model, optimizer, RNG, cursor); also on SIGTERM."""
+    keep_checkpoints: int = Field(2, ge=1)
 
 
 class StageSpec(_Spec):
@@ -133,9 +137,30 @@ class StopSpec(_Spec):
 
 class StoreSpec(_Spec):
     uri: str | None = None
-    """Trajectory/ledger/metrics location; default `runs/<name>/store`."""
+    """Trajectory/ledger/metrics location, a path or s3://bucket/prefix; default
+    `runs/<name>/store`. Credentials and endpoint come from the environment only."""
     weights: str | None = None
-    """Weight store root; default `runs/<name>/weights`."""
+    """Weight store root; default `<uri>/weights`, or `runs/<name>/weights`."""
+    checkpoints: str | None = None
+    """Trainer checkpoints; default `<uri>/checkpoints`, or `runs/<name>/checkpoints`."""
+    retry_budget_s: float = Field(120.0, gt=0)
+    """How long components retry an unreachable store before stopping with an error."""
+
+    @field_validator("uri", "weights", "checkpoints")
+    @classmethod
+    def _location(cls, v: str | None) -> str | None:
+        if v is None or "://" not in v or v.startswith("file://"):
+            return v
+        parsed = urlparse(v)
+        if parsed.scheme != "s3":
+            raise ValueError(f"scheme {parsed.scheme!r} is not supported: use a local path or "
+                             f"s3://bucket/prefix (GCS and others through AWS_ENDPOINT_URL)")
+        if "@" in parsed.netloc or parsed.password or parsed.query:
+            raise ValueError("credentials do not belong in a store URI: set AWS_ACCESS_KEY_ID / "
+                             "AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL) in the environment")
+        if not parsed.netloc:
+            raise ValueError(f"{v!r} names no bucket (expected s3://bucket/prefix)")
+        return v.rstrip("/")
     keep_last: int = Field(4, ge=1)
     keep_every: int = Field(25, ge=0)
     """Also keep every N-th version (milestones for accuracy curves); 0 = none."""

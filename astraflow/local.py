@@ -136,7 +136,7 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
     acc0 = evaluator(0)
     console.print(f"held-out accuracy of v0: {acc0:.1%} on {len(evaluator.tasks)} tasks")
     ledger = ctx.ledger()
-    sup = Supervisor(components(ctx))
+    sup = Supervisor(components(ctx), state_path=ctx.run_dir / "components.json")
     stop_requested = {"flag": False}
 
     def on_signal(signum, _frame):

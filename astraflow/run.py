@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from astraflow.flow import FlowSpec, load_flow
-from astraflow.stores import Ledger, TrajectoryStore, WeightStore
+from astraflow.stores import CheckpointStore, Ledger, TrajectoryStore, WeightStore
 
 RESOLVED = "flow.resolved.yaml"
 
@@ -32,18 +32,35 @@ class RunContext:
     def store_uri(self) -> str:
         return self.flow.store.uri or str(self.run_dir / "store")
 
+    def _beside_store(self, explicit: str | None, name: str) -> str:
+        if explicit:
+            return explicit
+        return f"{self.flow.store.uri}/{name}" if self.flow.store.uri else str(self.run_dir / name)
+
     @property
-    def weights_root(self) -> Path:
-        return Path(self.flow.store.weights or self.run_dir / "weights")
+    def weights_root(self) -> str:
+        """Weight store root: a local path or an s3:// URI."""
+        return self._beside_store(self.flow.store.weights, "weights")
+
+    @property
+    def checkpoints_root(self) -> str:
+        return self._beside_store(self.flow.store.checkpoints, "checkpoints")
+
+    @property
+    def _budget(self) -> float:
+        return self.flow.store.retry_budget_s
 
     def trajectories(self) -> TrajectoryStore:
-        return TrajectoryStore(self.store_uri)
+        return TrajectoryStore(self.store_uri, retry_budget_s=self._budget)
 
     def weights(self) -> WeightStore:
-        return WeightStore(self.weights_root)
+        return WeightStore(self.weights_root, retry_budget_s=self._budget)
+
+    def checkpoints(self) -> CheckpointStore:
+        return CheckpointStore(self.checkpoints_root, retry_budget_s=self._budget)
 
     def ledger(self) -> Ledger:
-        return Ledger(self.store_uri)
+        return Ledger(self.store_uri, retry_budget_s=self._budget)
 
 
 def quiet_libraries() -> None:

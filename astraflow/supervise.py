@@ -2,10 +2,16 @@
 
 Each component is a plain `astraflow` CLI process with its own log file; the
 supervisor knows nothing about what they do — they talk only through the store.
+A crash (any non-zero exit, SIGKILL included) is restarted after a backoff
+that doubles with consecutive quick crashes and resets once a component has
+stayed up for `healthy_s`; only a crash loop (`max_quick_crashes` in a row)
+stops the run. The live process table goes to `components.json` in the run
+folder so that operators (and the chaos benchmark) can find every pid.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -27,6 +33,8 @@ class Component:
     restart: bool = True
     proc: subprocess.Popen | None = None
     restarts: int = 0
+    quick_crashes: int = 0  # consecutive crashes within healthy_s of starting
+    started_at: float = 0.0
     next_start: float = 0.0
     finished: bool = False  # exited 0 on its own: done, not crashed
     exit_codes: list[int] = field(default_factory=list)
@@ -40,6 +48,7 @@ class Component:
         self.proc = subprocess.Popen([sys.executable, "-m", "astraflow.cli", *self.argv],
                                      stdout=out, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
+        self.started_at = time.time()
         out.close()
 
     @property
@@ -48,17 +57,32 @@ class Component:
 
 
 class Supervisor:
-    def __init__(self, components: list[Component], max_restarts: int = 20):
+    def __init__(self, components: list[Component], *, max_quick_crashes: int = 8,
+                 healthy_s: float = 60.0, state_path: Path | None = None):
         self.components = components
-        self.max_restarts = max_restarts
+        self.max_quick_crashes = max_quick_crashes
+        self.healthy_s = healthy_s
+        self.state_path = state_path
 
     def start_all(self) -> None:
         for c in self.components:
             c.start()
+        self._write_state()
+
+    def _write_state(self) -> None:
+        if self.state_path is None:
+            return
+        state = {c.name: {"pid": c.proc.pid if c.alive else None, "restarts": c.restarts,
+                          "started_at": c.started_at, "exit_codes": c.exit_codes[-5:]}
+                 for c in self.components}
+        tmp = self.state_path.with_name(f".{self.state_path.name}.tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, self.state_path)
 
     def check(self) -> None:
-        """Restart crashed components (exponential backoff, capped)."""
+        """Restart crashed components (exponential backoff, reset after a healthy run)."""
         now = time.time()
+        changed = False
         for c in self.components:
             if c.finished or c.proc is None:
                 continue
@@ -66,23 +90,29 @@ class Supervisor:
             if code is None:
                 continue
             if c.next_start == 0.0:
+                changed = True
                 c.exit_codes.append(code)
                 if code == 0:
                     c.finished = True
                     log.info("%s finished", c.name)
                     continue
-                if not c.restart or c.restarts >= self.max_restarts:
+                c.quick_crashes = c.quick_crashes + 1 if now - c.started_at < self.healthy_s else 1
+                if not c.restart or c.quick_crashes > self.max_quick_crashes:
                     raise RuntimeError(
                         f"{c.name} exited with code {code} and will not be restarted "
-                        f"(restarts so far: {c.restarts}); see {c.log_path}"
+                        f"({c.quick_crashes} crashes in a row, each within {self.healthy_s:.0f}s "
+                        f"of starting); see {c.log_path}"
                     )
-                c.next_start = now + min(30.0, 0.5 * 2**c.restarts)
+                c.next_start = now + min(30.0, 0.5 * 2 ** (c.quick_crashes - 1))
                 log.warning("%s exited with code %d; restarting in %.1fs (log: %s)", c.name, code,
                             c.next_start - now, c.log_path)
             elif now >= c.next_start:
                 c.restarts += 1
                 c.next_start = 0.0
                 c.start()
+                changed = True
+        if changed:
+            self._write_state()
 
     def stop_all(self, grace_s: float = 10.0) -> None:
         """SIGTERM every live component, then SIGKILL whatever is left after `grace_s`."""

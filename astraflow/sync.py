@@ -35,4 +35,5 @@ def run_sync(ctx: RunContext, *, deadline: float | None = None, should_stop=lamb
         if res.step % 10 == 0:
             log.info("step %d v%d reward %.3f used %d/%d", res.step, trainer.version,
                      res.metrics["reward_mean"], res.rows_used, res.rows_read)
+    trainer.save_checkpoint()
     return trainer.step

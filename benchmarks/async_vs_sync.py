@@ -43,7 +43,17 @@ def version0(flow_path: str, root: Path, console: Console) -> Path:
 
     torch.set_num_threads(2)
     publish_version0(ctx, console)
-    return ctx.weights_root / spec.policy.name / "v00000000"
+    return Path(ctx.weights_root) / spec.policy.name / "v00000000"
+
+
+def seed_version0(ctx: RunContext, v0: Path) -> None:
+    """Publish a copy of the cached version 0 into a fresh run's weight store."""
+    ws = ctx.weights()
+    staging = ws.staging_dir(ctx.flow.policy.name)
+    for f in v0.iterdir():
+        if f.name != "MANIFEST.json":
+            shutil.copy2(f, staging / f.name)
+    ws.publish(ctx.flow.policy.name, staging, step=0, version=0)
 
 
 def one_run(flow_path: str, root: Path, v0: Path, mode: str, latency: float, steps: int,
@@ -54,9 +64,7 @@ def one_run(flow_path: str, root: Path, v0: Path, mode: str, latency: float, ste
                  **sets}
     spec = load_flow(flow_path, overrides)
     ctx = prepare_run(spec, root, overwrite=True)
-    dst = ctx.weights_root / spec.policy.name / v0.name
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(v0, dst)
+    seed_version0(ctx, v0)
     summary = run_local(ctx, Console(quiet=True))
     summary["breakdown"] = breakdown(ctx)
     times = [e.time for e in ctx.ledger().entries(spec.policy.name)]

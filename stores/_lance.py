@@ -9,19 +9,17 @@ maintenance. Keeping that contract in one place keeps the three honest.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import lancedb
 import pyarrow as pa
-from tenacity import (
-    RetryError,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_random_exponential,
-)
+
+from astraflow.stores import retry
+from astraflow.stores.retry import StoreError
+from astraflow.stores.uri import is_remote, lance_storage_options
 
 log = logging.getLogger(__name__)
 
@@ -29,32 +27,38 @@ log = logging.getLogger(__name__)
 CREATED_AT_VERSION = "_row_created_at_version"
 
 
-class StoreError(RuntimeError):
-    """The store refused or failed an operation; the message names the table."""
-
-
 class SchemaMismatch(StoreError, ValueError):
     """A batch does not match the table's contract; the message names the column."""
 
 
-def connect(uri: str | Path, storage_options: dict[str, str] | None = None) -> Any:
-    """Open a LanceDB connection that always sees other processes' commits."""
-    if isinstance(uri, Path) or "://" not in str(uri):
+def connect(uri: str | Path, budget_s: float = retry.DEFAULT_BUDGET_S) -> Any:
+    """Open a LanceDB connection that always sees other processes' commits.
+
+    For s3:// the storage options (endpoint, region, keys) come from the
+    environment (`stores.uri`); they live only in this process's memory.
+    """
+    if not is_remote(uri):
         Path(uri).mkdir(parents=True, exist_ok=True)
-    return lancedb.connect(
+    return retry.call(lambda: lancedb.connect(
         str(uri),
         read_consistency_interval=timedelta(0),
-        storage_options=storage_options or None,
-    )
+        storage_options=lance_storage_options(uri),
+    ), what=f"connecting to store {uri}", budget_s=budget_s)
 
 
-def open_or_create(db: Any, name: str, schema: pa.Schema) -> Any:
+def open_or_create(db: Any, name: str, schema: pa.Schema,
+                   budget_s: float = retry.DEFAULT_BUDGET_S) -> Any:
     """Open table `name`, creating it with stable row ids if it does not exist.
 
     Stable row ids make `_row_created_at_version` the commit version of each
     row and keep it through compaction, which is what our cursors rely on.
     Two processes may race to create the table; the loser opens it.
     """
+    return retry.call(lambda: _open_or_create(db, name, schema), what=f"opening table {name!r}",
+                budget_s=budget_s)
+
+
+def _open_or_create(db: Any, name: str, schema: pa.Schema) -> Any:
     try:
         return db.open_table(name)
     except (ValueError, FileNotFoundError):
@@ -70,44 +74,36 @@ def open_or_create(db: Any, name: str, schema: pa.Schema) -> Any:
         return db.open_table(name)
 
 
-def _retryable(exc: BaseException) -> bool:
-    # Our own validation errors are final; anything from the storage layer
-    # (commit conflicts, transient IO) is worth another try.
-    return not isinstance(exc, SchemaMismatch | TypeError)
-
-
-def append(table: Any, batch: pa.Table, *, attempts: int = 10, max_wait_s: float = 2.0) -> int:
-    """Append `batch` as one commit, retrying conflicts with jittered backoff.
+def append(table: Any, batch: pa.Table, *, budget_s: float = retry.DEFAULT_BUDGET_S,
+           landed: Callable[[], bool] | None = None) -> int:
+    """Append `batch` as one commit, retrying failures with jittered backoff.
 
     Lance retries commit conflicts internally but can still give up under many
-    concurrent writers; we retry on top of that and, if every try fails, raise —
-    a batch is never dropped silently. Returns the table version after commit.
+    concurrent writers, and an unreachable store fails every try; we retry on
+    top of that for up to `budget_s` and then raise StoreUnavailable — a batch
+    is never dropped silently. When a try fails ambiguously (the commit may
+    have landed before the error reached us), `landed()` is asked before the
+    next try so the batch is not committed twice. Returns the table version.
     """
-    try:
-        for attempt in Retrying(
-            retry=retry_if_exception(_retryable),
-            stop=stop_after_attempt(attempts),
-            wait=wait_random_exponential(multiplier=0.05, max=max_wait_s),
-            reraise=False,
-        ):
-            with attempt:
-                if attempt.retry_state.attempt_number > 1:
-                    log.warning(
-                        "retrying append to %s (attempt %d)",
-                        table.name,
-                        attempt.retry_state.attempt_number,
-                    )
-                table.add(batch)
-    except RetryError as err:
-        raise StoreError(
-            f"append of {batch.num_rows} rows to table {table.name!r} failed after "
-            f"{attempts} attempts: {err.last_attempt.exception()}"
-        ) from err.last_attempt.exception()
-    return int(table.version)
+    tried = False
+
+    def attempt() -> int:
+        nonlocal tried
+        if tried and landed is not None and landed():
+            log.warning("append to %s had landed before its error; not committing it again",
+                        table.name)
+            table.checkout_latest()
+            return int(table.version)
+        tried = True
+        table.add(batch)
+        return int(table.version)
+
+    return retry.call(attempt, what=f"append of {batch.num_rows} rows to table {table.name!r}",
+                      budget_s=budget_s)
 
 
 def latest_dataset(table: Any) -> Any:
-    """The Lance dataset of the newest committed version of `table`."""
+    """The Lance dataset of the newest committed version of `table` (call inside `call`)."""
     table.checkout_latest()
     return table.to_lance()
 
@@ -119,3 +115,8 @@ def maintain(table: Any, retain: timedelta = timedelta(minutes=10)) -> None:
     reader never loses the version it is reading.
     """
     table.optimize(cleanup_older_than=retain)
+
+
+def sql_str(s: str) -> str:
+    """`s` quoted for a Lance SQL string literal."""
+    return s.replace("'", "''")

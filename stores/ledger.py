@@ -5,6 +5,13 @@ version range of its trajectory table it consumed and what became of those
 rows (used, dropped as stale, filtered). Ranges of consecutive steps must tile
 the table's history with no gap and no overlap — `check_ledger` verifies that.
 
+A trainer killed after its last checkpoint loses the steps it took since: its
+model and optimizer go back to the checkpoint. It then appends a `rollback`
+row naming the first lost step, which voids every earlier row of that step or
+later, and trains those rows again. `replay` applies rollbacks to the history
+(commit order) and yields the effective ledger — the steps whose effect the
+model really carries — so "trained exactly once" means once in that ledger.
+
 Metrics are long-format (component, policy, step, name, value) so that
 `status`, plots and scaling policies all read one source without schema churn.
 """
@@ -12,14 +19,14 @@ Metrics are long-format (component, policy, step, name, value) so that
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pyarrow as pa
 
-from astraflow.stores import _lance
+from astraflow.stores import _lance, retry
+from astraflow.stores.objects import ObjectStore
 
 LEDGER_SCHEMA = pa.schema(
     [
@@ -34,8 +41,11 @@ LEDGER_SCHEMA = pa.schema(
         pa.field("optimizer_step", pa.bool_(), nullable=False),
         pa.field("weight_version", pa.int64(), nullable=False),
         pa.field("time", pa.float64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
     ]
 )
+
+STEP, ROLLBACK = "step", "rollback"
 
 METRICS_SCHEMA = pa.schema(
     [
@@ -62,6 +72,8 @@ class LedgerEntry:
     optimizer_step: bool
     weight_version: int
     time: float = 0.0
+    kind: str = STEP
+    """`step`, or `rollback`: every earlier row of this step or later is void."""
 
 
 @dataclass(frozen=True)
@@ -82,13 +94,18 @@ class Progress:
 
 
 class Ledger:
-    """The `ledger` and `metrics` tables of one store location."""
+    """The `ledger` and `metrics` tables and the progress files of one store location."""
 
-    def __init__(self, uri: str | Path, storage_options: dict[str, str] | None = None):
-        self._progress_dir = Path(str(uri)) / "_progress"
-        self._db = _lance.connect(uri, storage_options)
-        self.ledger = _lance.open_or_create(self._db, "ledger", LEDGER_SCHEMA)
-        self.metrics = _lance.open_or_create(self._db, "metrics", METRICS_SCHEMA)
+    def __init__(self, uri: str | Path, *, retry_budget_s: float = retry.DEFAULT_BUDGET_S):
+        self.uri = str(uri)
+        self.budget_s = retry_budget_s
+        self._objects = ObjectStore(uri, retry_budget_s=retry_budget_s)
+        self._db = _lance.connect(uri, retry_budget_s)
+        self.ledger = _lance.open_or_create(self._db, "ledger", LEDGER_SCHEMA, retry_budget_s)
+        self.metrics = _lance.open_or_create(self._db, "metrics", METRICS_SCHEMA, retry_budget_s)
+
+    def _read(self, fn, what: str):
+        return retry.call(fn, what=f"{what} at {self.uri}", budget_s=self.budget_s)
 
     def record(self, entry: LedgerEntry) -> None:
         if entry.rows_read != entry.rows_used + entry.rows_stale + entry.rows_filtered:
@@ -98,29 +115,48 @@ class Ledger:
             )
         row = asdict(entry)
         row["time"] = row["time"] or time.time()
-        _lance.append(self.ledger, pa.Table.from_pylist([row], schema=LEDGER_SCHEMA))
+        _lance.append(self.ledger, pa.Table.from_pylist([row], schema=LEDGER_SCHEMA),
+                      budget_s=self.budget_s)
+
+    def rollback(self, policy: str, *, first_void_step: int, cursor: int, weight_version: int) -> None:
+        """Void every recorded step >= `first_void_step` (lost with the process)."""
+        self.record(LedgerEntry(
+            policy=policy, step=first_void_step, cursor_start=cursor, cursor_end=cursor,
+            rows_read=0, rows_used=0, rows_stale=0, rows_filtered=0, optimizer_step=False,
+            weight_version=weight_version, kind=ROLLBACK))
 
     def write_progress(self, p: Progress) -> None:
-        self._progress_dir.mkdir(parents=True, exist_ok=True)
-        path = self._progress_dir / f"{p.policy}.json"
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(p)))
-        os.replace(tmp, path)  # readers see the old or the new file, never half of one
+        # Readers see the old or the new file, never half of one.
+        self._objects.put_bytes(f"_progress/{p.policy}.json", json.dumps(asdict(p)).encode())
 
     def progress(self, policy: str) -> Progress | None:
         try:
-            return Progress(**json.loads((self._progress_dir / f"{policy}.json").read_text()))
+            return Progress(**json.loads(self._objects.get_bytes(f"_progress/{policy}.json")))
         except FileNotFoundError:
             return None
 
+    def history(self, policy: str | None = None) -> list[LedgerEntry]:
+        """Every ledger row, rollbacks included, in commit order."""
+        flt = None if policy is None else f"policy = '{_lance.sql_str(policy)}'"
+
+        def read() -> pa.Table:
+            ds = _lance.latest_dataset(self.ledger)
+            return ds.to_table(filter=flt, columns=[*LEDGER_SCHEMA.names, _lance.CREATED_AT_VERSION])
+
+        rows = self._read(read, "reading the ledger").to_pylist()
+        rows.sort(key=lambda r: (r[_lance.CREATED_AT_VERSION], r["time"]))
+        return [LedgerEntry(**{k: r[k] for k in LEDGER_SCHEMA.names}) for r in rows]
+
     def entries(self, policy: str | None = None) -> list[LedgerEntry]:
-        ds = _lance.latest_dataset(self.ledger)
-        flt = None if policy is None else f"policy = '{_sql_str(policy)}'"
-        rows = ds.to_table(filter=flt).to_pylist()
-        return sorted((LedgerEntry(**r) for r in rows), key=lambda e: (e.policy, e.step))
+        """The effective ledger (rollbacks applied), sorted by (policy, step)."""
+        hist = self.history(policy)
+        out: list[LedgerEntry] = []
+        for pol in sorted({e.policy for e in hist}):
+            out += replay([e for e in hist if e.policy == pol]).effective
+        return out
 
     def last_entry(self, policy: str) -> LedgerEntry | None:
-        """The newest step of `policy` (its cursor is what consumers compare to)."""
+        """The newest effective step of `policy`."""
         entries = self.entries(policy)
         return entries[-1] if entries else None
 
@@ -131,29 +167,59 @@ class Ledger:
              "name": k, "value": float(v)}
             for k, v in values.items()
         ]
-        _lance.append(self.metrics, pa.Table.from_pylist(rows, schema=METRICS_SCHEMA))
+        _lance.append(self.metrics, pa.Table.from_pylist(rows, schema=METRICS_SCHEMA),
+                      budget_s=self.budget_s)
 
     def read_metrics(self, *, since: float = 0.0, names: list[str] | None = None) -> pa.Table:
-        ds = _lance.latest_dataset(self.metrics)
         flt = f"time > {since!r}"
         if names:
-            flt += " AND name IN (" + ", ".join(f"'{_sql_str(n)}'" for n in names) + ")"
-        return ds.to_table(filter=flt)
+            flt += " AND name IN (" + ", ".join(f"'{_lance.sql_str(n)}'" for n in names) + ")"
+        return self._read(lambda: _lance.latest_dataset(self.metrics).to_table(filter=flt),
+                          "reading metrics")
 
     def maintain(self) -> None:
         _lance.maintain(self.ledger)
         _lance.maintain(self.metrics)
 
 
-def _sql_str(s: str) -> str:
-    return s.replace("'", "''")
+@dataclass
+class Replay:
+    effective: list[LedgerEntry]
+    """Steps whose effect the model carries, by step."""
+    voided: list[LedgerEntry]
+    """Steps lost with a killed trainer (their rows were trained again later)."""
+    rollbacks: int
+    problems: list[str]
+
+
+def replay(history: list[LedgerEntry]) -> Replay:
+    """Apply one policy's rollbacks, in commit order, to its ledger history."""
+    eff: dict[int, LedgerEntry] = {}
+    voided: list[LedgerEntry] = []
+    problems: list[str] = []
+    rollbacks = 0
+    for e in history:
+        if e.kind == ROLLBACK:
+            rollbacks += 1
+            for s in sorted(s for s in eff if s >= e.step):
+                voided.append(eff.pop(s))
+        elif e.step in eff:
+            problems.append(f"step {e.step} recorded twice without a rollback in between "
+                            f"(ranges ({eff[e.step].cursor_start}, {eff[e.step].cursor_end}] and "
+                            f"({e.cursor_start}, {e.cursor_end}])")
+        else:
+            eff[e.step] = e
+    return Replay(sorted(eff.values(), key=lambda e: e.step), voided, rollbacks, problems)
 
 
 def check_ledger(entries: list[LedgerEntry], first_cursor: int = 0) -> list[str]:
-    """Problems with one policy's ledger: gaps, overlaps, bad arithmetic."""
+    """Problems with one policy's effective ledger: gaps, overlaps, missing steps, arithmetic."""
     problems: list[str] = []
-    cursor = first_cursor
+    cursor, expected = first_cursor, 0
     for e in sorted(entries, key=lambda e: e.step):
+        if e.step != expected:
+            problems.append(f"steps {expected}..{e.step - 1} are missing from the ledger")
+        expected = e.step + 1
         if e.cursor_start != cursor:
             kind = "gap" if e.cursor_start > cursor else "overlap"
             problems.append(f"step {e.step}: {kind}: starts at {e.cursor_start}, previous ended at {cursor}")

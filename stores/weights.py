@@ -6,6 +6,10 @@ a trainer killed mid-publish leaves an invisible folder, never a half model.
 Files are HF format (config.json, model.safetensors, tokenizer files) so that
 transformers and vLLM load them as they are. Pickle-bearing formats are refused
 on publish and on load: safetensors only.
+
+The root is a local directory or `s3://bucket/prefix` (`stores.objects`). On
+S3, `load` downloads a version into a local cache (verified on every load) so
+that transformers and vLLM always read a local folder.
 """
 
 from __future__ import annotations
@@ -14,11 +18,15 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from astraflow.stores import retry
+from astraflow.stores.objects import ObjectStore
 
 MANIFEST = "MANIFEST.json"
 FORMAT = 1
@@ -64,31 +72,55 @@ def _check_allowed(name: str) -> None:
         )
 
 
-class WeightStore:
-    """Weight versions of every policy under one root directory."""
+def cache_root() -> Path:
+    return Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
 
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+
+class WeightStore:
+    """Weight versions of every policy under one root (directory or s3:// URI)."""
+
+    def __init__(self, root: str | Path, *, retry_budget_s: float = retry.DEFAULT_BUDGET_S):
+        self.objects = ObjectStore(root, retry_budget_s=retry_budget_s)
+        self.root = self.objects.local() or Path(self.objects.uri)
+
+    @staticmethod
+    def _rel(policy: str, version: int, name: str = "") -> str:
+        return f"{policy}/v{version:08d}" + (f"/{name}" if name else "")
 
     def dir(self, policy: str, version: int) -> Path:
-        return self.root / policy / f"v{version:08d}"
+        """Where a version's files are read from: in place locally, the cache for S3."""
+        local = self.objects.local(self._rel(policy, version))
+        if local is not None:
+            return local
+        key = hashlib.sha256(self.objects.uri.encode()).hexdigest()[:16]
+        return cache_root() / "weights" / key / policy / f"v{version:08d}"
 
     def staging_dir(self, policy: str) -> Path:
-        """A fresh folder to save a model into before `publish` (same filesystem)."""
-        path = self.root / policy / f".staging-{uuid.uuid4().hex}"
+        """A fresh local folder to save a model into before `publish`.
+
+        Locally it sits beside the versions (same filesystem, so publish is a
+        rename); for S3 it is a temp folder removed after upload.
+        """
+        local = self.objects.local(policy)
+        base = local if local is not None else Path(tempfile.gettempdir()) / "astraflow-staging"
+        path = base / f".staging-{uuid.uuid4().hex}"
         path.mkdir(parents=True)
         return path
 
     def versions(self, policy: str) -> list[int]:
-        """Published versions (manifest present), ascending."""
-        base = self.root / policy
-        if not base.exists():
-            return []
-        out = []
-        for d in base.iterdir():
-            if d.name.startswith("v") and d.name[1:].isdigit() and (d / MANIFEST).is_file():
-                out.append(int(d.name[1:]))
+        """Published versions (manifest present), ascending. One listing on S3."""
+        local = self.objects.local(policy)
+        if local is not None:
+            if not local.exists():
+                return []
+            return sorted(int(d.name[1:]) for d in local.iterdir()
+                          if d.name.startswith("v") and d.name[1:].isdigit()
+                          and (d / MANIFEST).is_file())
+        out = set()
+        for f in self.objects.walk(policy):
+            d, _, name = f.partition("/")
+            if name == MANIFEST and d.startswith("v") and d[1:].isdigit():
+                out.add(int(d[1:]))
         return sorted(out)
 
     def latest(self, policy: str) -> int | None:
@@ -96,9 +128,8 @@ class WeightStore:
         return vs[-1] if vs else None
 
     def manifest(self, policy: str, version: int) -> Manifest:
-        path = self.dir(policy, version) / MANIFEST
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(self.objects.get_bytes(self._rel(policy, version, MANIFEST)))
         except FileNotFoundError as err:
             raise WeightError(f"{policy} v{version} does not exist (no {MANIFEST})") from err
         except json.JSONDecodeError as err:
@@ -110,41 +141,54 @@ class WeightStore:
             parent=data["parent"], time=data["time"], files=data["files"],
         )
 
-    def publish(self, policy: str, src: Path, *, step: int, version: int | None = None) -> int:
-        """Turn a staged folder into the next version; the manifest is written last."""
+    def publish(self, policy: str, src: Path, *, step: int, version: int | None = None,
+                parent: int | None = None) -> int:
+        """Turn a staged folder into the next version; the manifest is written last.
+
+        `src` is consumed (moved in locally, uploaded then deleted for S3).
+        `parent` defaults to the newest version; a trainer restored from a
+        checkpoint names the version it really descends from.
+        """
         src = Path(src)
         files = sorted(p for p in src.iterdir() if p.is_file())
         if not files:
             raise WeightError(f"nothing to publish in {src}")
         for p in files:
             _check_allowed(p.name)
-        parent = self.latest(policy)
+        latest = self.latest(policy)
         if version is None:
-            version = 0 if parent is None else parent + 1
-        target = self.dir(policy, version)
-        if target.exists():
-            raise WeightError(f"{policy} v{version} already exists at {target}")
+            version = 0 if latest is None else latest + 1
+        parent = latest if parent is None else parent
+        if self.objects.exists(self._rel(policy, version, MANIFEST)):
+            raise WeightError(f"{policy} v{version} already exists in {self.objects.uri}")
         entries = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
-        os.replace(src, target)  # atomic on one filesystem; still invisible: no manifest
+        local = self.objects.local(self._rel(policy, version))
+        if local is not None:
+            if local.exists():  # a publish killed before its manifest: never visible, replace it
+                shutil.rmtree(local)
+            os.replace(src, local)  # atomic on one filesystem; still invisible: no manifest
+        else:
+            for p in files:
+                self.objects.put_file(p, self._rel(policy, version, p.name))
+            shutil.rmtree(src, ignore_errors=True)
         manifest = {
             "format": FORMAT, "policy": policy, "version": version, "step": step,
             "parent": parent, "time": time.time(), "files": entries,
         }
-        tmp = target / f".{MANIFEST}.tmp"
-        tmp.write_text(json.dumps(manifest, indent=1))
-        with tmp.open("rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, target / MANIFEST)
+        self.objects.put_bytes(self._rel(policy, version, MANIFEST),
+                               json.dumps(manifest, indent=1).encode())
         return version
 
     def load(self, policy: str, version: int) -> Path:
-        """Verify every file of a version and return its folder.
+        """Verify every file of a version and return a local folder holding it.
 
         Raises TamperedWeights on any size/sha256 mismatch, missing or extra
         weight file; callers keep their previous version and say so.
         """
         man = self.manifest(policy, version)
         d = self.dir(policy, version)
+        if self.objects.remote:
+            self._download(policy, version, man, d)
         for name, meta in man.files.items():
             _check_allowed(name)
             p = d / name
@@ -161,6 +205,18 @@ class WeightStore:
                 raise TamperedWeights(f"{policy} v{version}: unexpected file {p.name} not in manifest")
         return d
 
+    def _download(self, policy: str, version: int, man: Manifest, d: Path) -> None:
+        """Fetch the files the cache lacks or holds with the wrong size."""
+        remote = set(self.objects.walk(self._rel(policy, version))) - {MANIFEST}
+        for name in sorted(remote - set(man.files)):
+            _check_allowed(name)
+        for name in sorted(remote | set(man.files)):
+            p = d / name
+            want = man.files.get(name, {}).get("size")
+            if name in remote and not (p.is_file() and want is not None
+                                       and p.stat().st_size == int(want)):
+                self.objects.get_file(self._rel(policy, version, name), p)
+
     def prune(
         self, policy: str, *, keep_last: int, keep_every: int = 0, protect: set[int] | None = None
     ) -> list[int]:
@@ -175,9 +231,8 @@ class WeightStore:
         removed = []
         for v in vs:
             if v not in keep:
-                d = self.dir(policy, v)
                 # Remove the manifest first so the version vanishes atomically.
-                (d / MANIFEST).unlink(missing_ok=True)
-                shutil.rmtree(d, ignore_errors=True)
+                self.objects.delete(self._rel(policy, v, MANIFEST))
+                self.objects.delete_tree(self._rel(policy, v))
                 removed.append(v)
         return removed

@@ -9,9 +9,15 @@
 
 Contract: each step consumes whole commits in the version range
 (cursor, end] and records that range in the ledger with the fate of every row
-(used / stale / filtered). On start it resumes from the ledger's last cursor
-and the newest weight version, so a restarted trainer continues where the
-last one stopped. (Optimizer state and RNG checkpoints are a later step.)
+(used / stale / filtered). Every `checkpoint_every` steps, and when asked to
+stop (SIGTERM: a spot notice), it checkpoints model, optimizer, RNG, step,
+cursor and weight version. On start it restores the newest complete
+checkpoint (or version 0 and a fresh optimizer when there is none). Steps the
+ledger holds beyond that checkpoint died with the old process: the trainer
+records a rollback voiding them and trains their rows again, so in the
+effective ledger every row is trained exactly once. If weights were published
+from the lost steps, it publishes its restored model as a new version so that
+workers return to the lineage the trainer continues.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from astraflow.data.stages import StageContext, run_stages
 from astraflow.models.factory import load_policy, save_policy
 from astraflow.models.tokenizer import CharCodec
 from astraflow.run import RunContext
-from astraflow.stores import LedgerEntry, Progress, Slice
+from astraflow.stores import LedgerEntry, Progress, Slice, replay
+from astraflow.train import checkpoint
 from astraflow.train.loss import completion_logprobs, ppo_clip_loss
 
 log = logging.getLogger("astraflow.trainer")
@@ -52,30 +59,59 @@ class Trainer:
         self.traj = ctx.trajectories()
         self.weights = ctx.weights()
         self.ledger = ctx.ledger()
-        version = self.weights.latest(self.policy)
-        if version is None:
+        self.checkpoints = ctx.checkpoints()
+        self.stages = [(s.name, dict(s.params)) for s in ctx.flow.stages]
+        self._restore()
+        self._last_step_end = time.time()
+
+    def _restore(self) -> None:
+        """Newest complete checkpoint, or version 0; then void what died since."""
+        latest = self.weights.latest(self.policy)
+        if latest is None:
             raise RuntimeError(
-                f"no weight version of policy {self.policy!r} in {ctx.weights_root}; "
+                f"no weight version of policy {self.policy!r} in {self.ctx.weights_root}; "
                 f"version 0 is published by `astraflow run` (warm start) before trainers start"
             )
-        path = self.weights.load(self.policy, version)
+        ckpt = self.checkpoints.latest(self.policy)
+        base = 0 if ckpt is None and 0 in self.weights.versions(self.policy) else latest
+        path = self.weights.load(self.policy, base)
         self.model = load_policy(path)
         self.model.train()
         self.codec = CharCodec.from_pretrained(path)
-        self.version = version
         algo = self.spec.algorithm
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, betas=algo.betas,
                                      weight_decay=algo.weight_decay)
-        past = self.ledger.entries(self.policy)
-        self.cursor = past[-1].cursor_end if past else 0
-        self.step = past[-1].step + 1 if past else 0
-        self.optimizer_steps = sum(e.optimizer_step for e in past)
-        self.rows_consumed = sum(e.rows_read for e in past)
-        self.stages = [(s.name, dict(s.params)) for s in ctx.flow.stages]
-        self._last_step_end = time.time()
-        if past:
-            log.info("resuming %s at step %d, cursor %d, weights v%d",
-                     self.policy, self.step, self.cursor, version)
+        if ckpt is None:
+            self.step = self.cursor = self.rows_consumed = self.optimizer_steps = 0
+            self.version = base
+        else:
+            checkpoint.restore(self.model, self.opt, ckpt.files, ckpt.meta)
+            m = ckpt.meta
+            self.step, self.cursor = m["steps_done"], m["cursor"]
+            self.rows_consumed, self.optimizer_steps = m["rows_consumed"], m["optimizer_steps"]
+            self.version = m["weight_version"]
+        self._checkpointed = self.step
+        effective = replay(self.ledger.history(self.policy)).effective
+        recorded = effective[-1].step + 1 if effective else 0
+        if recorded < self.step:
+            raise RuntimeError(
+                f"checkpoint of {self.policy} is at step {self.step} but the ledger in "
+                f"{self.ctx.store_uri} ends at step {recorded}: trainer state and store disagree "
+                f"(was the store replaced?)")
+        if recorded > self.step:
+            log.warning("rolling back %s steps %d..%d (lost with the previous trainer after its last "
+                        "checkpoint); their rows are trained again from cursor %d",
+                        self.policy, self.step, recorded - 1, self.cursor)
+            self.ledger.rollback(self.policy, first_void_step=self.step, cursor=self.cursor,
+                                 weight_version=self.version)
+        if latest != self.version:
+            # Versions after ours came from lost steps: give workers our lineage back.
+            self._publish(parent=self.version)
+        self._write_progress()
+        if ckpt is not None or recorded:
+            log.info("resumed %s at step %d, cursor %d, weights v%d (checkpoint %s)", self.policy,
+                     self.step, self.cursor, self.version,
+                     "none" if ckpt is None else f"after step {ckpt.step - 1}")
 
     def poll(self) -> Slice | None:
         """Whole commits after the cursor, at least one batch of rows."""
@@ -111,18 +147,38 @@ class Trainer:
             rows_read=sl.num_rows, rows_used=rows.num_rows, rows_stale=stale,
             rows_filtered=filtered, optimizer_step=did_step, weight_version=self.version,
         ))
+        result = StepResult(self.step, sl.num_rows, rows.num_rows, metrics)
         self.cursor = sl.end
         self.rows_consumed += sl.num_rows
-        self.ledger.write_progress(Progress(
-            policy=self.policy, step=self.step, cursor=self.cursor,
-            rows_consumed=self.rows_consumed, weight_version=self.version, time=time.time()))
+        self.step += 1
+        self._write_progress()
         metrics["step_time_s"] = time.time() - t0
         metrics["weight_version"] = self.version
-        self.ledger.log("trainer", self.policy, self.step, metrics)
-        result = StepResult(self.step, sl.num_rows, rows.num_rows, metrics)
-        self.step += 1
+        self.ledger.log("trainer", self.policy, result.step, metrics)
+        if self.step - self._checkpointed >= self.ctx.flow.trainer.checkpoint_every:
+            self.save_checkpoint()
         self._last_step_end = time.time()
         return result
+
+    def _write_progress(self) -> None:
+        self.ledger.write_progress(Progress(
+            policy=self.policy, step=self.step - 1, cursor=self.cursor,
+            rows_consumed=self.rows_consumed, weight_version=self.version, time=time.time()))
+
+    def save_checkpoint(self) -> float:
+        """Checkpoint the state after `self.step` steps (skipped when already saved)."""
+        if self.step == self._checkpointed:
+            return 0.0
+        t0 = time.time()
+        files, meta = checkpoint.capture(self.model, self.opt, {
+            "steps_done": self.step, "cursor": self.cursor, "weight_version": self.version,
+            "rows_consumed": self.rows_consumed, "optimizer_steps": self.optimizer_steps})
+        self.checkpoints.save(self.policy, self.step, files, meta)
+        self.checkpoints.prune(self.policy, self.ctx.flow.trainer.keep_checkpoints)
+        self._checkpointed = self.step
+        took = time.time() - t0
+        self.ledger.log("trainer", self.policy, self.step - 1, {"checkpoint_s": took})
+        return took
 
     def _optimize(self, rows) -> dict[str, float]:
         prompts = rows.column("prompt_ids").to_pylist()
@@ -145,18 +201,19 @@ class Trainer:
                 "ratio_mean": stats.ratio_mean, "grad_norm": float(grad_norm),
                 "tokens": stats.tokens}
 
-    def _publish(self) -> float:
+    def _publish(self, parent: int | None = None) -> float:
         t0 = time.time()
         staging = self.weights.staging_dir(self.policy)
         save_policy(self.model, None, staging)
-        self.version = self.weights.publish(self.policy, staging, step=self.step)
+        self.version = self.weights.publish(self.policy, staging, step=self.step, parent=parent)
         store = self.ctx.flow.store
         self.weights.prune(self.policy, keep_last=store.keep_last, keep_every=store.keep_every)
         return time.time() - t0
 
     def run(self, *, max_steps: int | None = None, deadline: float | None = None,
             should_stop=lambda: False) -> int:
-        """Train until `max_steps` total steps, the deadline, or `should_stop()`."""
+        """Train until `max_steps` total steps, the deadline, or `should_stop()`;
+        then checkpoint (a stop request is how spot preemption notices arrive)."""
         max_steps = self.ctx.flow.stop.max_steps if max_steps is None else max_steps
         poll = self.ctx.flow.trainer.poll_interval_s
         while self.step < max_steps and not should_stop():
@@ -172,4 +229,7 @@ class Trainer:
                 log.info("step %d v%d reward %.3f used %d/%d loss %.4f wait %.2fs",
                          res.step, self.version, m["reward_mean"], res.rows_used, res.rows_read,
                          m.get("loss", float("nan")), m["trainer_wait_s"])
+        took = self.save_checkpoint()
+        if took:
+            log.info("checkpointed %s after step %d in %.2fs", self.policy, self.step - 1, took)
         return self.step

@@ -1,0 +1,190 @@
+"""Files under one root — a local directory or `s3://bucket/prefix` — with one API.
+
+Weights, checkpoints and progress files are whole files that are written once
+and read many times, so all they need from storage is: put a file so that it
+is complete or invisible, get it, list a folder, delete a folder. pyarrow's
+filesystems give exactly that for local disk and S3 without another client
+library. Atomicity:
+
+    local  write to a hidden temp name in the same folder, then rename
+    S3     one PUT per object is already all-or-nothing
+
+Every call retries transient failures within the store's retry budget
+(`stores.retry`), and errors name the store with credentials redacted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from astraflow.stores import retry
+from astraflow.stores.uri import arrow_filesystem, is_remote
+
+CHUNK = 8 << 20
+
+
+class ObjectStore:
+    """Whole-file storage rooted at `uri` (paths below are '/'-separated, relative)."""
+
+    def __init__(self, uri: str | Path, *, retry_budget_s: float = retry.DEFAULT_BUDGET_S):
+        self.uri = str(uri).rstrip("/")
+        self.remote = is_remote(uri)
+        self.budget_s = retry_budget_s
+        self.fs, self.base = arrow_filesystem(uri)
+        if not self.remote:
+            Path(self.base).mkdir(parents=True, exist_ok=True)
+
+    # -- paths ---------------------------------------------------------------
+    def path(self, rel: str) -> str:
+        return f"{self.base}/{rel}".rstrip("/") if rel else self.base
+
+    def local(self, rel: str = "") -> Path | None:
+        """The local path of `rel` when the store is a local directory, else None."""
+        return None if self.remote else Path(self.path(rel))
+
+    def child(self, rel: str) -> ObjectStore:
+        """The same store rooted one folder deeper."""
+        return ObjectStore(f"{self.uri}/{rel}", retry_budget_s=self.budget_s)
+
+    def _call(self, fn, what: str, **kw: Any):
+        return retry.call(fn, what=f"{what} at {self.uri}", budget_s=self.budget_s, **kw)
+
+    # -- writes --------------------------------------------------------------
+    def put_bytes(self, rel: str, data: bytes) -> None:
+        """Write `data` so that readers see the old object or the new one, never half."""
+        target = self.path(rel)
+        if not self.remote:
+            p = Path(target)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
+            with tmp.open("wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+            return
+
+        def put() -> None:
+            with self.fs.open_output_stream(target) as out:
+                out.write(data)
+
+        self._call(put, f"writing {rel}")
+
+    def put_file(self, src: Path, rel: str, *, move: bool = False) -> None:
+        """Upload a local file (or, locally, move/copy it in atomically)."""
+        target = self.path(rel)
+        if not self.remote:
+            p = Path(target)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if move:
+                os.replace(src, p)
+                return
+            tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, p)
+            return
+
+        def put() -> None:
+            with Path(src).open("rb") as f, self.fs.open_output_stream(target) as out:
+                for chunk in iter(lambda: f.read(CHUNK), b""):
+                    out.write(chunk)
+
+        self._call(put, f"uploading {rel}")
+
+    # -- reads ---------------------------------------------------------------
+    def get_bytes(self, rel: str) -> bytes:
+        """The object's bytes; FileNotFoundError if it does not exist."""
+        target = self.path(rel)
+        if not self.remote:
+            return Path(target).read_bytes()
+
+        def get() -> bytes:
+            with self.fs.open_input_stream(target) as f:
+                return f.read()
+
+        return self._call(get, f"reading {rel}")
+
+    def get_file(self, rel: str, dst: Path) -> None:
+        """Download to `dst` (written under a temp name, then renamed)."""
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.tmp")
+
+        def get() -> None:
+            with self.fs.open_input_stream(self.path(rel)) as f, tmp.open("wb") as out:
+                for chunk in iter(lambda: f.read(CHUNK), b""):
+                    out.write(chunk)
+
+        self._call(get, f"downloading {rel}")
+        os.replace(tmp, dst)
+
+    def exists(self, rel: str) -> bool:
+        if not self.remote:
+            return Path(self.path(rel)).exists()
+        info = self._call(lambda: self.fs.get_file_info(self.path(rel)), f"checking {rel}")
+        return info.type != pafs.FileType.NotFound
+
+    def size(self, rel: str) -> int:
+        if not self.remote:
+            return Path(self.path(rel)).stat().st_size
+        info = self._call(lambda: self.fs.get_file_info(self.path(rel)), f"checking {rel}")
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"{self.uri}/{rel}")
+        return int(info.size)
+
+    def walk(self, rel: str = "") -> list[str]:
+        """Every file below `rel`, as paths relative to `rel` (one listing on S3)."""
+        root = self.path(rel)
+        if not self.remote:
+            base = Path(root)
+            if not base.exists():
+                return []
+            return sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file())
+        sel = pafs.FileSelector(root, recursive=True, allow_not_found=True)
+        infos = self._call(lambda: self.fs.get_file_info(sel), f"listing {rel or '/'}")
+        n = len(root) + 1
+        return sorted(i.path[n:] for i in infos if i.type == pafs.FileType.File)
+
+    def list_dirs(self, rel: str = "") -> list[str]:
+        """Names of the folders directly below `rel`."""
+        root = self.path(rel)
+        if not self.remote:
+            base = Path(root)
+            return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.exists() else []
+        sel = pafs.FileSelector(root, recursive=False, allow_not_found=True)
+        infos = self._call(lambda: self.fs.get_file_info(sel), f"listing {rel or '/'}")
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+    # -- deletes -------------------------------------------------------------
+    def delete(self, rel: str) -> None:
+        target = self.path(rel)
+        if not self.remote:
+            Path(target).unlink(missing_ok=True)
+            return
+
+        def rm() -> None:
+            try:
+                self.fs.delete_file(target)
+            except FileNotFoundError:
+                pass
+
+        self._call(rm, f"deleting {rel}")
+
+    def delete_tree(self, rel: str) -> None:
+        target = self.path(rel)
+        if not self.remote:
+            shutil.rmtree(target, ignore_errors=True)
+            return
+
+        def rm() -> None:
+            try:
+                self.fs.delete_dir(target)
+            except FileNotFoundError:
+                pass
+
+        self._call(rm, f"deleting {rel}/")

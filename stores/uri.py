@@ -1,0 +1,145 @@
+"""Store locations: local directories and `s3://` URIs, configured from the environment.
+
+Why the environment and nothing else: credentials must never land in a flow
+file, a resolved config, a log line or an error message. Components read the
+standard AWS variables (the same ones boto3, the AWS CLI, SkyPilot and Modal
+secrets set), and every message that could carry one goes through `redact`.
+
+    AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN   credentials
+    AWS_REGION (or AWS_DEFAULT_REGION)                              region
+    AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3)                       S3-compatible
+        endpoint: MinIO, R2, GCS interop, a local test server
+
+`gs://` is not supported directly: point AWS_ENDPOINT_URL at
+https://storage.googleapis.com with HMAC keys and use `s3://` instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+SECRET_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+
+
+class StoreURIError(ValueError):
+    """A store location this build cannot use."""
+
+
+def is_remote(uri: str | Path) -> bool:
+    return "://" in str(uri) and not str(uri).startswith("file://")
+
+
+def local_path(uri: str | Path) -> Path:
+    s = str(uri)
+    return Path(s[len("file://"):] if s.startswith("file://") else s)
+
+
+def check_uri(uri: str | Path) -> None:
+    if not is_remote(uri):
+        return
+    scheme = urlparse(str(uri)).scheme
+    if scheme != "s3":
+        raise StoreURIError(
+            f"store URI scheme {scheme!r} is not supported (use a local path or s3://bucket/prefix; "
+            f"for GCS set AWS_ENDPOINT_URL=https://storage.googleapis.com with HMAC keys)"
+        )
+    if not urlparse(str(uri)).netloc:
+        raise StoreURIError(f"store URI {uri!r} names no bucket (expected s3://bucket/prefix)")
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    endpoint: str | None
+    region: str | None
+    access_key: str | None
+    secret_key: str | None
+    session_token: str | None
+
+    @classmethod
+    def from_env(cls) -> S3Settings:
+        env = os.environ
+        return cls(
+            endpoint=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
+            region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+            access_key=env.get("AWS_ACCESS_KEY_ID") or None,
+            secret_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
+            session_token=env.get("AWS_SESSION_TOKEN") or None,
+        )
+
+    def __repr__(self) -> str:  # never print the keys, even by accident
+        return f"S3Settings(endpoint={self.endpoint!r}, region={self.region!r}, keys=<redacted>)"
+
+    __str__ = __repr__
+
+
+def lance_storage_options(uri: str | Path, timeout_s: float = 10.0) -> dict[str, str] | None:
+    """Storage options for LanceDB on `uri` (None for local paths).
+
+    Short client timeouts make an unreachable store fail fast into our own
+    retry loop, which has a bounded budget and names the store in its error.
+    """
+    if not is_remote(uri):
+        return None
+    check_uri(uri)
+    s = S3Settings.from_env()
+    opts: dict[str, str] = {"timeout": f"{int(timeout_s)}s", "connect_timeout": "2s"}
+    if s.endpoint:
+        opts["aws_endpoint"] = s.endpoint
+        if s.endpoint.startswith("http://"):
+            opts["allow_http"] = "true"
+    if s.region:
+        opts["aws_region"] = s.region
+    if s.access_key:
+        opts["aws_access_key_id"] = s.access_key
+    if s.secret_key:
+        opts["aws_secret_access_key"] = s.secret_key
+    if s.session_token:
+        opts["aws_session_token"] = s.session_token
+    return opts
+
+
+def arrow_filesystem(uri: str | Path, timeout_s: float = 10.0) -> tuple[Any, str]:
+    """A pyarrow filesystem and the path inside it for `uri`."""
+    import pyarrow.fs as pafs
+
+    if not is_remote(uri):
+        path = local_path(uri).resolve()
+        return pafs.LocalFileSystem(), path.as_posix()
+    check_uri(uri)
+    s = S3Settings.from_env()
+    kwargs: dict[str, Any] = {
+        "region": s.region or "us-east-1",
+        "connect_timeout": 2.0,
+        "request_timeout": timeout_s,
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=2),
+    }
+    if s.access_key and s.secret_key:
+        kwargs.update(access_key=s.access_key, secret_key=s.secret_key,
+                      session_token=s.session_token)
+    if s.endpoint:
+        parsed = urlparse(s.endpoint)
+        kwargs["endpoint_override"] = parsed.netloc or parsed.path
+        kwargs["scheme"] = parsed.scheme or "https"
+    parsed = urlparse(str(uri))
+    return pafs.S3FileSystem(**kwargs), f"{parsed.netloc}{parsed.path}".rstrip("/")
+
+
+def redact(text: object) -> str:
+    """`text` with every credential from the environment replaced by `***`.
+
+    Applied to every store error and retry warning we emit: client libraries
+    sometimes echo request details, and a leaked key in a log is a leaked key.
+    """
+    out = str(text)
+    for var in SECRET_VARS:
+        val = os.environ.get(var)
+        if val and len(val) >= 4:
+            out = out.replace(val, "***")
+    # Signed URLs and auth headers carry derived secrets; drop their values too.
+    out = re.sub(r"(X-Amz-(?:Signature|Credential|Security-Token)=)[^&\s]+", r"\1***", out)
+    return re.sub(r"(Authorization:?\s*)\S+(\s+\S+)?", r"\1***", out)
