@@ -159,6 +159,31 @@ def audit(
         raise typer.Exit(1)
 
 
+@app.command(hidden=True)
+def standby() -> None:
+    """A warm spare for the local supervisor: import the heavy libraries, then wait on
+    stdin for one JSON line {argv, env, log} and become that component."""
+    import os
+
+    import lancedb  # noqa: F401
+    import torch  # noqa: F401
+    from transformers import LlamaForCausalLM  # noqa: F401
+
+    import astraflow.rollout.worker  # noqa: F401
+    import astraflow.train.trainer  # noqa: F401
+
+    line = sys.stdin.readline()
+    if not line:  # the supervisor went away or stopped: nothing to become
+        raise typer.Exit(0)
+    job = json.loads(line)
+    fd = os.open(job["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.update(job["env"])
+    app(args=job["argv"], prog_name="astraflow")
+
+
 def _open(run_dir: Path, component: str, quiet: bool = False):
     import os
 

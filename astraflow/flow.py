@@ -106,7 +106,7 @@ class RolloutSpec(_Spec):
 class TrainerSpec(_Spec):
     threads: int = Field(1, ge=1)
     poll_interval_s: float = Field(0.02, gt=0)
-    checkpoint_every: int = Field(20, ge=1)
+    checkpoint_every: int = Field(10, ge=1)
     """Steps between checkpoints (model, optimizer, RNG, cursor); also on SIGTERM."""
     keep_checkpoints: int = Field(2, ge=1)
 

@@ -7,6 +7,11 @@ that doubles with consecutive quick crashes and resets once a component has
 stayed up for `healthy_s`; only a crash loop (`max_quick_crashes` in a row)
 stops the run. The live process table goes to `components.json` in the run
 folder so that operators (and the chaos benchmark) can find every pid.
+
+Restarts are fast because one warm standby process waits beside the
+components with torch, transformers and lancedb already imported (about 7 s
+of a cold start here); a restarted component takes it over and a new standby
+is started in the background.
 """
 
 from __future__ import annotations
@@ -39,35 +44,93 @@ class Component:
     finished: bool = False  # exited 0 on its own: done, not crashed
     exit_codes: list[int] = field(default_factory=list)
 
-    def start(self) -> None:
-        env = dict(os.environ)
-        env.update({"OMP_NUM_THREADS": str(self.threads), "ASTRAFLOW_THREADS": str(self.threads),
-                    "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
+    def env(self) -> dict[str, str]:
+        return {"OMP_NUM_THREADS": str(self.threads), "ASTRAFLOW_THREADS": str(self.threads),
+                "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+
+    def start(self, standby: Standby | None = None) -> None:
+        """Start afresh, or hand this component to a warm standby process."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        out = self.log_path.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "astraflow.cli", *self.argv],
-                                     stdout=out, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+        self.proc = None
+        if standby is not None:
+            try:
+                self.proc = standby.assign(self)
+            except OSError as err:  # it died between the check and the hand-over
+                log.warning("standby unusable (%s); starting %s cold", err, self.name)
+        if self.proc is None:
+            self.proc = _spawn(self.argv, self.env(), self.log_path)
         self.started_at = time.time()
-        out.close()
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
 
+def _spawn(argv: list[str], env: dict[str, str], log_path: Path,
+           stdin: int | None = None) -> subprocess.Popen:
+    with log_path.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "astraflow.cli", *argv],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=stdin,
+                                env={**os.environ, **env}, start_new_session=True)
+
+
+class Standby:
+    """A spare `astraflow standby` process that has imported the heavy libraries
+    and waits on stdin for the command line of the component it becomes."""
+
+    def __init__(self, log_path: Path):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = _spawn(["standby"], {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                                         "TOKENIZERS_PARALLELISM": "false"},
+                           log_path, stdin=subprocess.PIPE)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def assign(self, c: Component) -> subprocess.Popen:
+        job = {"argv": c.argv, "env": c.env(), "log": str(c.log_path)}
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(job) + "\n").encode())
+        self.proc.stdin.close()
+        return self.proc
+
+    def stop(self) -> None:
+        if self.alive:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+
+
 class Supervisor:
     def __init__(self, components: list[Component], *, max_quick_crashes: int = 8,
-                 healthy_s: float = 60.0, state_path: Path | None = None):
+                 healthy_s: float = 60.0, state_path: Path | None = None,
+                 standby_log: Path | None = None):
         self.components = components
         self.max_quick_crashes = max_quick_crashes
         self.healthy_s = healthy_s
         self.state_path = state_path
+        self.standby_log = standby_log
+        self.standby: Standby | None = None
 
     def start_all(self) -> None:
         for c in self.components:
             c.start()
+        if self.standby_log is not None:
+            self.standby = Standby(self.standby_log)
         self._write_state()
+
+    def _take_standby(self) -> Standby | None:
+        """The warm spare (replaced by a new one), or None to start cold."""
+        spare = self.standby
+        if spare is None:
+            return None
+        self.standby = Standby(self.standby_log)  # type: ignore[arg-type]
+        if spare.alive:
+            return spare
+        log.warning("standby process had exited (code %s); starting cold", spare.proc.returncode)
+        return None
 
     def _write_state(self) -> None:
         if self.state_path is None:
@@ -109,13 +172,15 @@ class Supervisor:
             elif now >= c.next_start:
                 c.restarts += 1
                 c.next_start = 0.0
-                c.start()
+                c.start(self._take_standby())
                 changed = True
         if changed:
             self._write_state()
 
     def stop_all(self, grace_s: float = 10.0) -> None:
         """SIGTERM every live component, then SIGKILL whatever is left after `grace_s`."""
+        if self.standby is not None:
+            self.standby.stop()
         for c in self.components:
             if c.alive:
                 os.killpg(c.proc.pid, signal.SIGTERM)

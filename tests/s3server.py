@@ -35,8 +35,12 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from pyarrow.fs import S3FileSystem
 
 TEST_ACCESS_KEY_ID = "testing-key-id"
 TEST_SECRET_KEY = "astraflow-test-secret-DO-NOT-LOG"
@@ -179,9 +183,15 @@ class MotoServer:
 
     # ---------------------------------------------------------------- helpers
     def env(self) -> dict[str, str]:
-        """Standard AWS environment variables pointing at this server."""
+        """AWS environment variables pointing at this server.
+
+        The standard ones, plus ``AWS_ALLOW_HTTP=true``: lance reads every
+        ``AWS_*`` variable that names an object_store option, and without that
+        one it refuses the plain-http endpoint ("URL scheme is not allowed").
+        """
         return {
             "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ALLOW_HTTP": "true",
             "AWS_ACCESS_KEY_ID": TEST_ACCESS_KEY_ID,
             "AWS_SECRET_ACCESS_KEY": TEST_SECRET_KEY,
             "AWS_REGION": TEST_REGION,
@@ -200,11 +210,18 @@ class MotoServer:
         opts.update(extra)
         return opts
 
-    def filesystem(self, **kwargs: object):  # -> pyarrow.fs.S3FileSystem
-        """A ``pyarrow.fs.S3FileSystem`` on this server (extra kwargs passed through)."""
+    def filesystem(self, **kwargs: Any) -> S3FileSystem:
+        """A ``pyarrow.fs.S3FileSystem`` on this server (extra kwargs passed through).
+
+        ``allow_delayed_open=True`` by default so that small files are written
+        with one PutObject: moto 5.2.1 answers CompleteMultipartUpload with a
+        root tag pyarrow rejects (getmoto/moto#10055), so multipart uploads
+        (any stream opened without delayed open, or too big for one part) fail with
+        ``OSError ... INTERNAL_FAILURE during CompleteMultipartUpload``.
+        """
         from pyarrow import fs
 
-        params: dict[str, object] = dict(
+        params: dict[str, Any] = dict(
             endpoint_override=self.endpoint,
             allow_delayed_open=True,
             scheme="http",
