@@ -80,7 +80,7 @@ def audit_policy(ctx: RunContext, policy: str) -> PolicyAudit:
     for v in vs:
         try:
             man = ws.manifest(policy, v)
-            ws.load(policy, v)
+            ws.load(policy, v, refresh=True)  # the objects in the store, not a cache
         except WeightError as err:
             bad(f"weights v{v}: {err}")
             continue

@@ -74,7 +74,7 @@ def _open_or_create(db: Any, name: str, schema: pa.Schema) -> Any:
         return db.open_table(name)
 
 
-def append(table: Any, batch: pa.Table, *, budget_s: float = retry.DEFAULT_BUDGET_S,
+def append(table: Any, batch: pa.Table, *, where: str, budget_s: float = retry.DEFAULT_BUDGET_S,
            landed: Callable[[], bool] | None = None) -> int:
     """Append `batch` as one commit, retrying failures with jittered backoff.
 
@@ -83,7 +83,8 @@ def append(table: Any, batch: pa.Table, *, budget_s: float = retry.DEFAULT_BUDGE
     top of that for up to `budget_s` and then raise StoreUnavailable — a batch
     is never dropped silently. When a try fails ambiguously (the commit may
     have landed before the error reached us), `landed()` is asked before the
-    next try so the batch is not committed twice. Returns the table version.
+    next try so the batch is not committed twice. `where` names the store in
+    errors. Returns the table version.
     """
     tried = False
 
@@ -98,8 +99,8 @@ def append(table: Any, batch: pa.Table, *, budget_s: float = retry.DEFAULT_BUDGE
         table.add(batch)
         return int(table.version)
 
-    return retry.call(attempt, what=f"append of {batch.num_rows} rows to table {table.name!r}",
-                      budget_s=budget_s)
+    return retry.call(attempt, budget_s=budget_s,
+                      what=f"append of {batch.num_rows} rows to table {table.name!r} at {where}")
 
 
 def latest_dataset(table: Any) -> Any:

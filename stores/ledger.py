@@ -116,7 +116,7 @@ class Ledger:
         row = asdict(entry)
         row["time"] = row["time"] or time.time()
         _lance.append(self.ledger, pa.Table.from_pylist([row], schema=LEDGER_SCHEMA),
-                      budget_s=self.budget_s)
+                      where=self.uri, budget_s=self.budget_s)
 
     def rollback(self, policy: str, *, first_void_step: int, cursor: int, weight_version: int) -> None:
         """Void every recorded step >= `first_void_step` (lost with the process)."""
@@ -168,7 +168,7 @@ class Ledger:
             for k, v in values.items()
         ]
         _lance.append(self.metrics, pa.Table.from_pylist(rows, schema=METRICS_SCHEMA),
-                      budget_s=self.budget_s)
+                      where=self.uri, budget_s=self.budget_s)
 
     def read_metrics(self, *, since: float = 0.0, names: list[str] | None = None) -> pa.Table:
         flt = f"time > {since!r}"

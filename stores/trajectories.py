@@ -78,7 +78,7 @@ class TrajectoryStore:
             ds = _lance.latest_dataset(table)
             return ds.count_rows(filter=f"traj_id = '{_lance.sql_str(first)}'") > 0
 
-        return _lance.append(table, batch, budget_s=self.budget_s, landed=landed)
+        return _lance.append(table, batch, where=self.uri, budget_s=self.budget_s, landed=landed)
 
     def latest_version(self, policy: str) -> int:
         table = self.table(policy)

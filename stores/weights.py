@@ -179,16 +179,30 @@ class WeightStore:
                                json.dumps(manifest, indent=1).encode())
         return version
 
-    def load(self, policy: str, version: int) -> Path:
+    def load(self, policy: str, version: int, *, refresh: bool = False) -> Path:
         """Verify every file of a version and return a local folder holding it.
 
         Raises TamperedWeights on any size/sha256 mismatch, missing or extra
-        weight file; callers keep their previous version and say so.
+        weight file; callers keep their previous version and say so. On S3 a
+        cached copy that fails verification is fetched again before giving up
+        (the cache, not the store, may be what is damaged); `refresh` skips
+        the cache altogether (the audit verifies the objects in the store).
         """
         man = self.manifest(policy, version)
         d = self.dir(policy, version)
         if self.objects.remote:
-            self._download(policy, version, man, d)
+            self._download(policy, version, man, d, everything=refresh)
+            if not refresh:
+                try:
+                    self._verify(policy, version, man, d)
+                    return d
+                except TamperedWeights:
+                    self._download(policy, version, man, d, everything=True)
+        self._verify(policy, version, man, d)
+        return d
+
+    @staticmethod
+    def _verify(policy: str, version: int, man: Manifest, d: Path) -> None:
         for name, meta in man.files.items():
             _check_allowed(name)
             p = d / name
@@ -203,18 +217,18 @@ class WeightStore:
         for p in d.iterdir():
             if p.is_file() and p.name != MANIFEST and p.name not in man.files:
                 raise TamperedWeights(f"{policy} v{version}: unexpected file {p.name} not in manifest")
-        return d
 
-    def _download(self, policy: str, version: int, man: Manifest, d: Path) -> None:
-        """Fetch the files the cache lacks or holds with the wrong size."""
+    def _download(self, policy: str, version: int, man: Manifest, d: Path, *,
+                  everything: bool = False) -> None:
+        """Fetch the files the cache lacks or holds with the wrong size (or all of them)."""
         remote = set(self.objects.walk(self._rel(policy, version))) - {MANIFEST}
         for name in sorted(remote - set(man.files)):
             _check_allowed(name)
         for name in sorted(remote | set(man.files)):
             p = d / name
             want = man.files.get(name, {}).get("size")
-            if name in remote and not (p.is_file() and want is not None
-                                       and p.stat().st_size == int(want)):
+            fresh = p.is_file() and want is not None and p.stat().st_size == int(want)
+            if name in remote and (everything or not fresh):
                 self.objects.get_file(self._rel(policy, version, name), p)
 
     def prune(

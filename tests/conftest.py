@@ -8,6 +8,9 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# moto_server / s3_env: a real S3-protocol server on 127.0.0.1 (tests/s3server.py).
+pytest_plugins = ["tests.s3server"]
+
 
 @pytest.fixture(autouse=True)
 def _one_thread():

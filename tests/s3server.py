@@ -129,7 +129,9 @@ class MotoServer:
             if self._proc.poll() is not None:
                 rc = self._proc.returncode
                 self._proc = None
-                raise RuntimeError(f"moto server exited early (rc={rc}) on port {self.port}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"moto server exited early (rc={rc}) on port {self.port}:\n{self.log_tail()}"
+                )
             if self._answers():
                 return self
             time.sleep(0.1)
@@ -235,13 +237,17 @@ class MotoServer:
     def create_bucket(self, name: str) -> str:
         """Create bucket ``name`` (pyarrow; raw HTTP PUT as a fallback). Returns the name."""
         try:
-            self.filesystem(connect_timeout=5, request_timeout=10, allow_bucket_creation=True).create_dir(name)
+            self.filesystem(
+                connect_timeout=5, request_timeout=10, allow_bucket_creation=True
+            ).create_dir(name)
         except (ImportError, OSError):
             # moto accepts unsigned requests, so a bare PUT /<bucket> works too.
             req = urllib.request.Request(f"{self.endpoint}/{name}", method="PUT", data=b"")
             with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 (local http)
                 if resp.status not in (200, 204):
-                    raise RuntimeError(f"creating bucket {name!r} failed: HTTP {resp.status}") from None
+                    raise RuntimeError(
+                        f"creating bucket {name!r} failed: HTTP {resp.status}"
+                    ) from None
         return name
 
     def log_tail(self, chars: int = _LOG_TAIL_CHARS) -> str:
