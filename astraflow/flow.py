@@ -225,6 +225,8 @@ def _format(err: ValidationError, source: str) -> str:
             msg = f"unknown field — {hint}"
         elif e["type"] == "missing":
             msg = "required field is missing — add it"
+        elif e["loc"][:1] == ("store",):
+            pass  # never echo a store location back: it may carry a credential
         else:
             msg = f"{msg} (got {e.get('input')!r})"
         lines.append(f"  {path}: {msg}")
