@@ -2,10 +2,11 @@
 
 Each component is a plain `astraflow` CLI process with its own log file; the
 supervisor knows nothing about what they do — they talk only through the store.
-A crash (any non-zero exit, SIGKILL included) is restarted after a backoff
-that doubles with consecutive quick crashes and resets once a component has
-stayed up for `healthy_s`; only a crash loop (`max_quick_crashes` in a row)
-stops the run. The live process table goes to `components.json` in the run
+A component killed by a signal (SIGKILL from preemption, the OOM killer or
+an operator) is restarted at once. One that fails on its own (non-zero exit)
+is restarted after a backoff that doubles with consecutive quick failures
+and resets once it has stayed up for `healthy_s`; only such a crash loop
+(`max_quick_crashes` in a row) stops the run. The live process table goes to `components.json` in the run
 folder so that operators (and the chaos benchmark) can find every pid.
 
 Restarts are fast because one warm standby process waits beside the
@@ -159,8 +160,17 @@ class Supervisor:
                     c.finished = True
                     log.info("%s finished", c.name)
                     continue
+                if not c.restart:
+                    raise RuntimeError(f"{c.name} exited with code {code}; see {c.log_path}")
+                if code < 0:
+                    # Killed from outside (preemption, OOM killer, an operator, chaos): not a
+                    # bug of its own that a restart would repeat, so come back at once.
+                    c.next_start = now + 0.5
+                    log.warning("%s was killed by signal %d; restarting (log: %s)", c.name, -code,
+                                c.log_path)
+                    continue
                 c.quick_crashes = c.quick_crashes + 1 if now - c.started_at < self.healthy_s else 1
-                if not c.restart or c.quick_crashes > self.max_quick_crashes:
+                if c.quick_crashes > self.max_quick_crashes:
                     raise RuntimeError(
                         f"{c.name} exited with code {code} and will not be restarted "
                         f"({c.quick_crashes} crashes in a row, each within {self.healthy_s:.0f}s "

@@ -151,3 +151,35 @@ def test_audit_catches_duplicates_and_skips(tmp_path, tiny_policy_dir):
                                     rows_stale=0, rows_filtered=0, optimizer_step=False,
                                     weight_version=e.weight_version))
     assert any("silently skipped" in v for v in audit_policy(ctx, "solver").violations)
+
+
+def test_sigterm_checkpoints_within_the_grace_period(tmp_path, tiny_policy_dir):
+    """A spot notice (SIGTERM) mid-run: the trainer process finishes its step, checkpoints
+    exactly where the ledger ends and exits 0; its successor needs no rollback."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    ctx = make_ctx(tmp_path / "run", tiny_policy_dir, checkpoint_every=1000)
+    fill(ctx, 60)
+    proc = subprocess.Popen([sys.executable, "-m", "astraflow.cli", "train", str(ctx.run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "ASTRAFLOW_THREADS": "1"}, start_new_session=True)
+    progress = ctx.run_dir / "store" / "_progress" / "solver.json"
+    deadline = time.time() + 120
+    while not progress.exists() or json.loads(progress.read_text())["step"] < 5:
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+        time.sleep(0.1)
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert time.time() - t0 < 10  # well inside the supervisor's 10 s grace
+    steps = len(ctx.ledger().entries("solver"))
+    assert 5 < steps < 60 and ctx.checkpoints().steps("solver") == [steps]
+    resumed = Trainer(ctx)
+    assert resumed.step == steps
+    assert replay(ctx.ledger().history("solver")).rollbacks == 0
