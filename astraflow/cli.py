@@ -160,10 +160,13 @@ def audit(
 
 
 @app.command(hidden=True)
-def standby() -> None:
-    """A warm spare for the local supervisor: import the heavy libraries, then wait on
-    stdin for one JSON line {argv, env, log} and become that component."""
+def zygote() -> None:
+    """The local supervisor's fork server: import the heavy libraries once, then fork one
+    ready component per JSON line {argv, env, log} read from stdin (see supervise.Zygote)."""
     import os
+    import select
+    import signal
+    import warnings
 
     import lancedb  # noqa: F401
     import torch  # noqa: F401
@@ -172,16 +175,59 @@ def standby() -> None:
     import astraflow.rollout.worker  # noqa: F401
     import astraflow.train.trainer  # noqa: F401
 
-    line = sys.stdin.readline()
-    if not line:  # the supervisor went away or stopped: nothing to become
-        raise typer.Exit(0)
-    job = json.loads(line)
-    fd = os.open(job["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    os.environ.update(job["env"])
-    app(args=job["argv"], prog_name="astraflow")
+    # lancedb resets its async runtime in a forked child and warns that an operation
+    # in flight at fork time could deadlock; the zygote never runs one, so none is.
+    warnings.filterwarnings("ignore", message="lancedb fork support is experimental")
+
+    def say(msg: dict) -> None:
+        sys.stdout.write(json.dumps(msg) + "\n")
+        sys.stdout.flush()
+
+    say({"ready": True})
+    children: set[int] = set()
+    while True:
+        readable, _, _ = select.select([sys.stdin], [], [], 0.2)
+        for pid in list(children):  # report exits (reaping keeps no zombies)
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                say({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        if not readable:
+            continue
+        line = sys.stdin.readline()
+        if not line:  # the supervisor is gone: its components are stopped by pid, not by us
+            raise typer.Exit(0)
+        job = json.loads(line)
+        pid = os.fork()
+        if pid:
+            children.add(pid)
+            say({"pid": pid})
+            continue
+        # The child: a new session (stopped by process group), its own log, the job's env.
+        code = 1
+        try:
+            os.setsid()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            null = os.open(os.devnull, os.O_RDONLY)
+            out = os.open(job["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.dup2(null, 0)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.close(null)
+            os.close(out)
+            os.environ.update(job["env"])
+            app(args=job["argv"], prog_name="astraflow")
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:  # noqa: BLE001 - report, then leave with the failure code
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
 
 
 def _open(run_dir: Path, component: str, quiet: bool = False):

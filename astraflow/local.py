@@ -137,7 +137,7 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
     console.print(f"held-out accuracy of v0: {acc0:.1%} on {len(evaluator.tasks)} tasks")
     ledger = ctx.ledger()
     sup = Supervisor(components(ctx), state_path=ctx.run_dir / "components.json",
-                     standby_log=ctx.run_dir / "logs" / "standby.log")
+                     zygote_log=ctx.run_dir / "logs" / "zygote.log")
     stop_requested = {"flag": False}
 
     def on_signal(signum, _frame):

@@ -9,10 +9,10 @@ and resets once it has stayed up for `healthy_s`; only such a crash loop
 (`max_quick_crashes` in a row) stops the run. The live process table goes to `components.json` in the run
 folder so that operators (and the chaos benchmark) can find every pid.
 
-Restarts are fast because one warm standby process waits beside the
-components with torch, transformers and lancedb already imported (about 7 s
-of a cold start here); a restarted component takes it over and a new standby
-is started in the background.
+Restarts are fast because a zygote process imported torch, transformers and
+lancedb once (about 7 s of a cold start here) and forks a restarted component
+from that state: the restart costs a fork, and no CPU is spent re-importing
+beside the components that are still working.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Component:
     threads: int
     log_path: Path
     restart: bool = True
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | ForkedProc | None = None
     restarts: int = 0
     quick_crashes: int = 0  # consecutive crashes within healthy_s of starting
     started_at: float = 0.0
@@ -49,15 +49,10 @@ class Component:
         return {"OMP_NUM_THREADS": str(self.threads), "ASTRAFLOW_THREADS": str(self.threads),
                 "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 
-    def start(self, standby: Standby | None = None) -> None:
-        """Start afresh, or hand this component to a warm standby process."""
+    def start(self, zygote: Zygote | None = None) -> None:
+        """Fork from the warm zygote when it is ready, else start a fresh process."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.proc = None
-        if standby is not None:
-            try:
-                self.proc = standby.assign(self)
-            except OSError as err:  # it died between the check and the hand-over
-                log.warning("standby unusable (%s); starting %s cold", err, self.name)
+        self.proc = zygote.fork(self) if zygote is not None else None
         if self.proc is None:
             self.proc = _spawn(self.argv, self.env(), self.log_path)
         self.started_at = time.time()
@@ -68,70 +63,133 @@ class Component:
 
 
 def _spawn(argv: list[str], env: dict[str, str], log_path: Path,
-           stdin: int | None = None) -> subprocess.Popen:
+           stdin: int | None = None, stdout: int | None = None) -> subprocess.Popen:
     with log_path.open("ab") as out:
         return subprocess.Popen([sys.executable, "-m", "astraflow.cli", *argv],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=stdin,
-                                env={**os.environ, **env}, start_new_session=True)
+                                stdout=out if stdout is None else stdout,
+                                stderr=out if stdout is not None else subprocess.STDOUT,
+                                stdin=stdin, env={**os.environ, **env}, start_new_session=True)
 
 
-class Standby:
-    """A spare `astraflow standby` process that has imported the heavy libraries
-    and waits on stdin for the command line of the component it becomes."""
+class ForkedProc:
+    """A component forked by the zygote: poll/wait like Popen, exit codes reported by the zygote."""
+
+    def __init__(self, pid: int, zygote: Zygote):
+        self.pid, self._zygote = pid, zygote
+
+    def poll(self) -> int | None:
+        code = self._zygote.exit_code(self.pid)
+        if code is None and not self._zygote.alive and not _pid_alive(self.pid):
+            return -signal.SIGKILL  # the zygote died too; its exit report is lost
+        return code
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.time() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.time() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            time.sleep(0.05)
+        return code
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Zygote:
+    """One `astraflow zygote` process that imported torch, transformers and lancedb once
+    and forks a ready component on request: a restart costs a fork, not ~7 s of imports.
+
+    Protocol (JSON lines): we write {argv, env, log}; it answers {"pid": N} and,
+    whenever a child exits, {"exit": N, "code": C} (C < 0: killed by signal -C).
+    """
 
     def __init__(self, log_path: Path):
+        import queue
+        import threading
+
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.proc = _spawn(["standby"], {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                                         "TOKENIZERS_PARALLELISM": "false"},
-                           log_path, stdin=subprocess.PIPE)
+        self.proc = _spawn(["zygote"], {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                                        "TOKENIZERS_PARALLELISM": "false"},
+                           log_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._pids: queue.Queue[int] = queue.Queue()
+        self._exits: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def assign(self, c: Component) -> subprocess.Popen:
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            if "ready" in msg:
+                self.ready.set()
+            elif "pid" in msg:
+                self._pids.put(msg["pid"])
+            elif "exit" in msg:
+                with self._lock:
+                    self._exits[msg["exit"]] = msg["code"]
+
+    def exit_code(self, pid: int) -> int | None:
+        with self._lock:
+            return self._exits.get(pid)
+
+    def fork(self, c: Component, timeout: float = 5.0) -> ForkedProc | None:
+        """Fork `c` from the zygote; None if it is not ready or not answering."""
+        import queue
+
+        if not (self.alive and self.ready.is_set()):
+            return None
         job = {"argv": c.argv, "env": c.env(), "log": str(c.log_path)}
         assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps(job) + "\n").encode())
-        self.proc.stdin.close()
-        return self.proc
+        try:
+            self.proc.stdin.write((json.dumps(job) + "\n").encode())
+            self.proc.stdin.flush()
+            return ForkedProc(self._pids.get(timeout=timeout), self)
+        except (OSError, queue.Empty) as err:
+            log.warning("zygote did not fork %s (%s); starting it cold", c.name, err)
+            return None
 
     def stop(self) -> None:
         if self.alive:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            self.proc.stdin.close()
 
 
 class Supervisor:
     def __init__(self, components: list[Component], *, max_quick_crashes: int = 8,
                  healthy_s: float = 60.0, state_path: Path | None = None,
-                 standby_log: Path | None = None):
+                 zygote_log: Path | None = None):
         self.components = components
         self.max_quick_crashes = max_quick_crashes
         self.healthy_s = healthy_s
         self.state_path = state_path
-        self.standby_log = standby_log
-        self.standby: Standby | None = None
+        self.zygote_log = zygote_log
+        self.zygote: Zygote | None = None
 
     def start_all(self) -> None:
         for c in self.components:
             c.start()
-        if self.standby_log is not None:
-            self.standby = Standby(self.standby_log)
+        if self.zygote_log is not None:
+            self.zygote = Zygote(self.zygote_log)
         self._write_state()
 
-    def _take_standby(self) -> Standby | None:
-        """The warm spare (replaced by a new one), or None to start cold."""
-        spare = self.standby
-        if spare is None:
-            return None
-        self.standby = Standby(self.standby_log)  # type: ignore[arg-type]
-        if spare.alive:
-            return spare
-        log.warning("standby process had exited (code %s); starting cold", spare.proc.returncode)
-        return None
+    def _warm_zygote(self) -> Zygote | None:
+        """The zygote, replaced by a fresh one if it died (it is never a component)."""
+        if self.zygote is not None and not self.zygote.alive:
+            log.warning("zygote exited (code %s); starting another", self.zygote.proc.returncode)
+            self.zygote = Zygote(self.zygote_log)  # type: ignore[arg-type]
+        return self.zygote
 
     def _write_state(self) -> None:
         if self.state_path is None:
@@ -182,15 +240,13 @@ class Supervisor:
             elif now >= c.next_start:
                 c.restarts += 1
                 c.next_start = 0.0
-                c.start(self._take_standby())
+                c.start(self._warm_zygote())
                 changed = True
         if changed:
             self._write_state()
 
     def stop_all(self, grace_s: float = 10.0) -> None:
         """SIGTERM every live component, then SIGKILL whatever is left after `grace_s`."""
-        if self.standby is not None:
-            self.standby.stop()
         for c in self.components:
             if c.alive:
                 os.killpg(c.proc.pid, signal.SIGTERM)
@@ -203,3 +259,5 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 os.killpg(c.proc.pid, signal.SIGKILL)
                 c.proc.wait()
+        if self.zygote is not None:  # last: it reports the exit codes of what it forked
+            self.zygote.stop()

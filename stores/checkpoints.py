@@ -70,12 +70,7 @@ class CheckpointStore:
 
     def steps(self, policy: str) -> list[int]:
         """Steps with a manifest (complete checkpoints), ascending."""
-        out = set()
-        for f in self.objects.walk(policy):
-            d, _, name = f.partition("/")
-            if name == MANIFEST and d.startswith("c") and d[1:].isdigit():
-                out.add(int(d[1:]))
-        return sorted(out)
+        return self.objects.numbered(policy, "c", MANIFEST)
 
     def load(self, policy: str, step: int) -> Checkpoint:
         try:

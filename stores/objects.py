@@ -48,10 +48,6 @@ class ObjectStore:
         """The local path of `rel` when the store is a local directory, else None."""
         return None if self.remote else Path(self.path(rel))
 
-    def child(self, rel: str) -> ObjectStore:
-        """The same store rooted one folder deeper."""
-        return ObjectStore(f"{self.uri}/{rel}", retry_budget_s=self.budget_s)
-
     def _call(self, fn, what: str, **kw: Any):
         return retry.call(fn, what=f"{what} at {self.uri}", budget_s=self.budget_s, **kw)
 
@@ -76,15 +72,12 @@ class ObjectStore:
 
         self._call(put, f"writing {rel}")
 
-    def put_file(self, src: Path, rel: str, *, move: bool = False) -> None:
-        """Upload a local file (or, locally, move/copy it in atomically)."""
+    def put_file(self, src: Path, rel: str) -> None:
+        """Upload a local file (locally: copy it in under a temp name, then rename)."""
         target = self.path(rel)
         if not self.remote:
             p = Path(target)
             p.parent.mkdir(parents=True, exist_ok=True)
-            if move:
-                os.replace(src, p)
-                return
             tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
             shutil.copyfile(src, tmp)
             os.replace(tmp, p)
@@ -129,14 +122,6 @@ class ObjectStore:
         info = self._call(lambda: self.fs.get_file_info(self.path(rel)), f"checking {rel}")
         return info.type != pafs.FileType.NotFound
 
-    def size(self, rel: str) -> int:
-        if not self.remote:
-            return Path(self.path(rel)).stat().st_size
-        info = self._call(lambda: self.fs.get_file_info(self.path(rel)), f"checking {rel}")
-        if info.type == pafs.FileType.NotFound:
-            raise FileNotFoundError(f"{self.uri}/{rel}")
-        return int(info.size)
-
     def walk(self, rel: str = "") -> list[str]:
         """Every file below `rel`, as paths relative to `rel` (one listing on S3)."""
         root = self.path(rel)
@@ -150,15 +135,20 @@ class ObjectStore:
         n = len(root) + 1
         return sorted(i.path[n:] for i in infos if i.type == pafs.FileType.File)
 
-    def list_dirs(self, rel: str = "") -> list[str]:
-        """Names of the folders directly below `rel`."""
-        root = self.path(rel)
-        if not self.remote:
-            base = Path(root)
-            return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.exists() else []
-        sel = pafs.FileSelector(root, recursive=False, allow_not_found=True)
-        infos = self._call(lambda: self.fs.get_file_info(sel), f"listing {rel or '/'}")
-        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+    def numbered(self, rel: str, prefix: str, marker: str) -> list[int]:
+        """N for every folder `<rel>/<prefix><N>/` that holds `marker`, ascending.
+
+        How weight versions and checkpoints are listed: a folder counts only
+        once its manifest (the marker, written last) exists. One listing on S3.
+        """
+        local = self.local(rel)
+        if local is not None:
+            names = ([d.name for d in local.iterdir() if (d / marker).is_file()]
+                     if local.exists() else [])
+        else:
+            names = [d for d, _, f in (p.partition("/") for p in self.walk(rel)) if f == marker]
+        n = len(prefix)
+        return sorted({int(x[n:]) for x in names if x.startswith(prefix) and x[n:].isdigit()})
 
     # -- deletes -------------------------------------------------------------
     def delete(self, rel: str) -> None:

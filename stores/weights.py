@@ -109,19 +109,7 @@ class WeightStore:
 
     def versions(self, policy: str) -> list[int]:
         """Published versions (manifest present), ascending. One listing on S3."""
-        local = self.objects.local(policy)
-        if local is not None:
-            if not local.exists():
-                return []
-            return sorted(int(d.name[1:]) for d in local.iterdir()
-                          if d.name.startswith("v") and d.name[1:].isdigit()
-                          and (d / MANIFEST).is_file())
-        out = set()
-        for f in self.objects.walk(policy):
-            d, _, name = f.partition("/")
-            if name == MANIFEST and d.startswith("v") and d[1:].isdigit():
-                out.add(int(d[1:]))
-        return sorted(out)
+        return self.objects.numbered(policy, "v", MANIFEST)
 
     def latest(self, policy: str) -> int | None:
         vs = self.versions(policy)

@@ -292,3 +292,82 @@ def s3_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Iterator
     finally:
         if moto_server.running and moto_server.paused:
             moto_server.resume()
+
+
+class Gate:
+    """A TCP forwarder on 127.0.0.1 in front of a server that tests can close and reopen.
+
+    Closed, it refuses new connections and resets open ones at once — a store
+    that is *down* (as opposed to ``MotoServer.pause``, a store that *hangs*).
+    The server behind it keeps its state, so the store comes back intact.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        import threading
+
+        self.target_port = target_port
+        self.port = _free_port()
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self.open()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def open(self) -> None:
+        import threading
+
+        lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        lst.bind(("127.0.0.1", self.port))
+        lst.listen(64)
+        self._listener = lst
+        threading.Thread(target=self._accept, args=(lst,), daemon=True).start()
+
+    def close(self) -> None:
+        """Stop listening and reset every open connection."""
+        with self._lock:
+            lst, self._listener = self._listener, None
+            conns, self._conns = self._conns, []
+        if lst is not None:
+            lst.close()
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    def _accept(self, lst: socket.socket) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = lst.accept()
+            except OSError:
+                return  # closed
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass

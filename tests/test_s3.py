@@ -154,3 +154,34 @@ def test_run_survives_a_15s_store_outage(s3_env, moto_server, tmp_path):
                                                  for f in Path(run).rglob("*")
                                                  if f.is_file() and f.suffix in (".log", ".json", ".yaml")]
     assert not any(TEST_SECRET_KEY in t for t in texts)
+
+
+def test_writers_retry_while_the_store_is_down_and_carry_on(s3_env, moto_server, monkeypatch,
+                                                           caplog):
+    """Connections refused for 6 s (the store is down, not slow): appends, object writes and
+    reads retry with backoff, succeed when it returns, and nothing is committed twice."""
+    import threading
+
+    from tests.s3server import Gate
+
+    port = int(moto_server.endpoint.rsplit(":", 1)[1])
+    gate = Gate(port)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", gate.endpoint)
+    try:
+        traj = TrajectoryStore(f"s3://{s3_env}/down", retry_budget_s=60)
+        obj = ObjectStore(f"s3://{s3_env}/down/files", retry_budget_s=60)
+        traj.append("p", make_rows("p", 4))
+        gate.close()
+        threading.Timer(6.0, gate.open).start()
+        t0 = time.time()
+        rows = make_rows("p", 4)
+        traj.append("p", rows)
+        obj.put_bytes("a.json", b"{}")
+        assert time.time() - t0 >= 5.5  # it really waited for the store
+        assert obj.get_bytes("a.json") == b"{}"
+        ids = traj.read_range("p", 0, 2**62, columns=["traj_id"]).column("traj_id").to_pylist()
+        assert len(ids) == 8 == len(set(ids)) and rows[0]["traj_id"] in ids
+        retries = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+        assert retries and not any(TEST_SECRET_KEY in m for m in retries)
+    finally:
+        gate.close()
