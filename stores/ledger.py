@@ -130,10 +130,21 @@ class Ledger:
         self._objects.put_bytes(f"_progress/{p.policy}.json", json.dumps(asdict(p)).encode())
 
     def progress(self, policy: str) -> Progress | None:
-        try:
-            return Progress(**json.loads(self._objects.get_bytes(f"_progress/{policy}.json")))
-        except FileNotFoundError:
-            return None
+        """The consumer's newest position, or None before its first step.
+
+        A torn file (seen when an S3-compatible server stored half of a PUT that
+        was cut off by an outage) is read again: the trainer rewrites it every step.
+        """
+        rel = f"_progress/{policy}.json"
+
+        def read() -> Progress | None:
+            try:
+                return Progress(**json.loads(self._objects.get_bytes(rel)))
+            except FileNotFoundError:
+                return None
+
+        return retry.call(read, what=f"reading {rel} at {self.uri}", budget_s=self.budget_s,
+                          retry_if=lambda e: retry.transient(e) or isinstance(e, json.JSONDecodeError))
 
     def history(self, policy: str | None = None) -> list[LedgerEntry]:
         """Every ledger row, rollbacks included, in commit order."""
