@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,17 @@ from astraflow.stores import retry
 from astraflow.stores.uri import arrow_filesystem, is_remote
 
 CHUNK = 8 << 20
+
+
+def _replace(path: Path, fill: Callable[[Path], object]) -> None:
+    """Write `path` atomically: `fill` a hidden temp file beside it, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        fill(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class ObjectStore:
@@ -56,14 +68,13 @@ class ObjectStore:
         """Write `data` so that readers see the old object or the new one, never half."""
         target = self.path(rel)
         if not self.remote:
-            p = Path(target)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
-            with tmp.open("wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, p)
+            def fill(tmp: Path) -> None:
+                with tmp.open("wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+
+            _replace(Path(target), fill)
             return
 
         def put() -> None:
@@ -76,11 +87,7 @@ class ObjectStore:
         """Upload a local file (locally: copy it in under a temp name, then rename)."""
         target = self.path(rel)
         if not self.remote:
-            p = Path(target)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, p)
+            _replace(Path(target), lambda tmp: shutil.copyfile(src, tmp))
             return
 
         def put() -> None:
@@ -105,16 +112,12 @@ class ObjectStore:
 
     def get_file(self, rel: str, dst: Path) -> None:
         """Download to `dst` (written under a temp name, then renamed)."""
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.tmp")
-
-        def get() -> None:
+        def get(tmp: Path) -> None:
             with self.fs.open_input_stream(self.path(rel)) as f, tmp.open("wb") as out:
                 for chunk in iter(lambda: f.read(CHUNK), b""):
                     out.write(chunk)
 
-        self._call(get, f"downloading {rel}")
-        os.replace(tmp, dst)
+        _replace(dst, lambda tmp: self._call(lambda: get(tmp), f"downloading {rel}"))
 
     def exists(self, rel: str) -> bool:
         if not self.remote:
