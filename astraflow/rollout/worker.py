@@ -31,7 +31,7 @@ import torch
 from astraflow.envs.math import MathEnv
 from astraflow.rollout.engine import HFEngine
 from astraflow.run import RunContext
-from astraflow.stores import TamperedWeights, WeightError
+from astraflow.stores import Progress, TamperedWeights, WeightError
 
 log = logging.getLogger("astraflow.rollout")
 
@@ -90,10 +90,10 @@ class RolloutWorker:
         return True
 
     # -- backpressure --------------------------------------------------------
-    def backlog_rows(self) -> int:
+    def backlog_rows(self, progress: Progress | None = None) -> int:
         """Rows not yet consumed by the trainer: table size minus what the trainer
         has read (its progress file). Both are cheap reads, so polling is cheap."""
-        progress = self.ledger.progress(self.policy)
+        progress = progress or self.ledger.progress(self.policy)
         return self.traj.count(self.policy) - (progress.rows_consumed if progress else 0)
 
     def wait_for_room(self, should_stop=lambda: False, poll_s: float = 0.05) -> float:
@@ -102,9 +102,16 @@ class RolloutWorker:
         limit = self.ctx.flow.rollout.max_backlog_batches * self.ctx.flow.batch_rows()
         lag_limit = self.ctx.flow.rollout.max_weight_lag
         while not should_stop():
-            self.refresh_weights()
+            # The trainer's progress file names its newest version: list the weight
+            # store (a LIST request on S3) only when that differs from ours.
+            progress = self.ledger.progress(self.policy)
+            if progress is None or progress.weight_version != self.version:
+                self.refresh_weights()
+            else:
+                self.newest = progress.weight_version
             lag = 0 if self.newest is None or self.version is None else self.newest - self.version
-            if self.version is not None and lag <= lag_limit and self.backlog_rows() < limit:
+            if (self.version is not None and lag <= lag_limit
+                    and self.backlog_rows(progress) < limit):
                 break
             time.sleep(poll_s)
         return time.time() - t0
