@@ -8,8 +8,9 @@ component (trainer or rollout worker) at uniformly random intervals. Each run
 is a real `astraflow run` launcher process supervising real component processes.
 Afterwards `astraflow audit` checks both runs, and the benchmark prints:
   * kills, the audit's duplicate and silently-lost row counts (must be 0),
-  * held-out accuracy of both runs and whether they are within noise
-    (two binomial standard errors of the difference on the held-out set),
+  * held-out accuracy of both runs and whether they differ by less than the
+    evaluation-sampling noise (two binomial standard errors of the difference on
+    the held-out set; two identical calm runs also differ by their training noise),
   * throughput (effective rows trained per second of RL) as a ratio chaos/calm,
   * recovery time per kill: from the kill to the killed component's next useful
     output (the trainer's next step, the worker's next committed batch).
@@ -173,7 +174,8 @@ def main() -> None:
     console.print(f"audit (calm):  exit {calm['audit_exit']}")
     console.print(f"held-out accuracy: calm {calm['accuracy_final']:.1%}, chaos "
                   f"{hot['accuracy_final']:.1%} (v0 {calm['accuracy_v0']:.1%}); difference "
-                  f"{100 * diff:+.1f} points, noise bound ±{100 * noise:.1f} (2 SE, {n} tasks): "
+                  f"{100 * diff:+.1f} points; evaluation-sampling noise ±{100 * noise:.1f} (2 SE of the "
+                  f"difference, {n} tasks; run-to-run training variance comes on top): "
                   + ("within noise" if abs(diff) <= noise else "[red]outside noise[/red]"))
     console.print(f"throughput: calm {rate(calm):.0f} rows/s in {calm['rl_seconds']:.0f}s, chaos "
                   f"{rate(hot):.0f} rows/s in {hot['rl_seconds']:.0f}s; ratio chaos/calm "

@@ -57,7 +57,14 @@ class CheckpointStore:
                 raise CheckpointError(f"refusing checkpoint file {name!r}: only "
                                       f"{', '.join(ALLOWED_SUFFIXES)} files are allowed")
         if self.objects.exists(self._rel(policy, step, MANIFEST)):
-            raise CheckpointError(f"checkpoint {policy} step {step} already exists")
+            try:
+                self.load(policy, step)
+            except CheckpointError as err:  # the damaged one we resumed past: replace it
+                log.warning("replacing damaged checkpoint: %s", err)
+                self.objects.delete(self._rel(policy, step, MANIFEST))
+                self.objects.delete_tree(self._rel(policy, step))
+            else:
+                raise CheckpointError(f"checkpoint {policy} step {step} already exists")
         for name, data in files.items():
             self.objects.put_bytes(self._rel(policy, step, name), data)
         manifest = {

@@ -124,6 +124,9 @@ def test_damaged_checkpoint_is_skipped_for_the_previous_one(tmp_path, tiny_polic
     assert resumed.step == 3
     audit = audit_policy(ctx, "solver")
     assert not audit.ok and any("c00000006" in v or "step 6" in v for v in audit.violations)
+    train(resumed, 3)  # reaching step 6 again replaces the damaged checkpoint
+    assert cs.load("solver", 6).meta["steps_done"] == 6
+    assert audit_policy(ctx, "solver").ok
 
 
 def test_audit_catches_duplicates_and_skips(tmp_path, tiny_policy_dir):
