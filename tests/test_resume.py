@@ -154,6 +154,14 @@ def test_audit_catches_duplicates_and_skips(tmp_path, tiny_policy_dir):
                                     rows_stale=0, rows_filtered=0, optimizer_step=False,
                                     weight_version=e.weight_version))
     assert any("silently skipped" in v for v in audit_policy(ctx, "solver").violations)
+    import subprocess
+    import sys
+
+    cli = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(ctx.run_dir)],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 1
+    assert "VIOLATION" in cli.stderr and "more than once" in cli.stderr
+    assert "duplicate_rows 8" in cli.stdout
 
 
 def test_sigterm_checkpoints_within_the_grace_period(tmp_path, tiny_policy_dir):
