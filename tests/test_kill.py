@@ -34,6 +34,23 @@ def pid_of(run: Path, name: str) -> int | None:
         return None
 
 
+def stop_run(launcher: subprocess.Popen, run: Path) -> None:
+    """Kill a launcher that is still running and every component it started, by pid."""
+    if launcher.poll() is None:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+    try:
+        state = json.loads((run / "components.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return
+    for c in state.values():
+        if c["pid"] is not None:
+            try:
+                os.killpg(c["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def wait_until(cond, timeout: float, what: str) -> None:
     deadline = time.time() + timeout
     while not cond():
@@ -66,9 +83,7 @@ def test_sigkill_trainer_and_workers_mid_run(tmp_path):
                        f"{victim} restarted")
         out, _ = launcher.communicate(timeout=400)
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
+        stop_run(launcher, run)
     assert launcher.returncode == 0, out
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "max_steps"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from astraflow.stores import (
 )
 from tests.s3server import TEST_SECRET_KEY, MotoServer
 from tests.test_integration import FLOW
+from tests.test_kill import stop_run
 from tests.test_stores import make_rows
 
 
@@ -132,9 +132,7 @@ def test_run_survives_a_15s_store_outage(s3_env, moto_server, tmp_path):
         out, _ = launcher.communicate(timeout=400)
     finally:
         moto_server.resume()
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
+        stop_run(launcher, runs / "s3run")
     assert launcher.returncode == 0, out
     run = runs / "s3run"
     summary = json.loads((run / "summary.json").read_text())
