@@ -77,7 +77,7 @@ def rollout(
     stop = _stop_flag()
     deadline = time.time() + minutes * 60 if minutes else None
     RolloutWorker(ctx, worker_id).run(max_batches=max_batches, deadline=deadline,
-                                      should_stop=lambda: stop["flag"])
+                                      should_stop=stop)
 
 
 @app.command()
@@ -94,11 +94,11 @@ def train(
     if sync:
         from astraflow.sync import run_sync
 
-        run_sync(ctx, should_stop=lambda: stop["flag"])
+        run_sync(ctx, should_stop=stop)
     else:
         from astraflow.train.trainer import Trainer
 
-        Trainer(ctx).run(should_stop=lambda: stop["flag"])
+        Trainer(ctx).run(should_stop=stop)
 
 
 @app.command(name="eval")
@@ -160,7 +160,9 @@ def audit(
 
 
 @app.command(hidden=True)
-def zygote() -> None:
+def zygote(
+    label: Annotated[str, typer.Option(help="the run folder (names this process and its forks)")] = "",
+) -> None:
     """The local supervisor's fork server: import the heavy libraries once, then fork one
     ready component per JSON line {argv, env, log} read from stdin (see supervise.Zygote)."""
     import os
@@ -250,8 +252,11 @@ def _open(run_dir: Path, component: str, quiet: bool = False):
         _fail(str(err))
 
 
-def _stop_flag() -> dict[str, bool]:
-    """SIGTERM/SIGINT ask the loop to finish its current step and exit cleanly."""
+def _stop_flag():
+    """A `should_stop()` for component loops: true once SIGTERM/SIGINT arrived (finish the
+    step, checkpoint, exit cleanly), or once the launcher that started this process is
+    gone — a SIGKILLed launcher must not leave orphans that a re-run would duplicate."""
+    import os
     import signal
 
     flag = {"flag": False}
@@ -261,7 +266,31 @@ def _stop_flag() -> dict[str, bool]:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-    return flag
+    launcher = int(os.environ.get("ASTRAFLOW_LAUNCHER_PID", "0"))
+
+    def should_stop() -> bool:
+        if flag["flag"]:
+            return True
+        if launcher and not _alive(launcher):
+            import logging
+
+            logging.getLogger("astraflow").warning("launcher (pid %d) is gone; stopping", launcher)
+            flag["flag"] = True
+        return flag["flag"]
+
+    return should_stop
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def main() -> None:  # pragma: no cover - console entry

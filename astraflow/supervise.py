@@ -46,8 +46,10 @@ class Component:
     exit_codes: list[int] = field(default_factory=list)
 
     def env(self) -> dict[str, str]:
+        # ASTRAFLOW_LAUNCHER_PID: components stop by themselves once this process is gone.
         return {"OMP_NUM_THREADS": str(self.threads), "ASTRAFLOW_THREADS": str(self.threads),
-                "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+                "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+                "ASTRAFLOW_LAUNCHER_PID": str(os.getpid())}
 
     def start(self, zygote: Zygote | None = None) -> None:
         """Fork from the warm zygote when it is ready, else start a fresh process."""
@@ -92,6 +94,16 @@ class ForkedProc:
         return code
 
 
+def _is_component(pid: int, run_dir: Path) -> bool:
+    """Whether `pid` is a live astraflow process of this run (pids get reused). Components
+    and the zygote they are forked from name the run folder on their command line."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"astraflow" in cmd and str(run_dir).encode() in cmd
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -110,12 +122,13 @@ class Zygote:
     whenever a child exits, {"exit": N, "code": C} (C < 0: killed by signal -C).
     """
 
-    def __init__(self, log_path: Path):
+    def __init__(self, log_path: Path, label: str = ""):
         import queue
         import threading
 
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.proc = _spawn(["zygote"], {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+        self.label = label  # the run folder, so that its forks are recognisable by cmdline
+        self.proc = _spawn(["zygote", "--label", label], {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                                         "TOKENIZERS_PARALLELISM": "false"},
                            log_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._pids: queue.Queue[int] = queue.Queue()
@@ -178,18 +191,46 @@ class Supervisor:
         self.zygote: Zygote | None = None
 
     def start_all(self) -> None:
+        self._stop_leftovers()
         for c in self.components:
             c.start()
         if self.zygote_log is not None:
-            self.zygote = Zygote(self.zygote_log)
+            self.zygote = Zygote(self.zygote_log, self._label)
         self._write_state()
 
     def _warm_zygote(self) -> Zygote | None:
         """The zygote, replaced by a fresh one if it died (it is never a component)."""
         if self.zygote is not None and not self.zygote.alive:
             log.warning("zygote exited (code %s); starting another", self.zygote.proc.returncode)
-            self.zygote = Zygote(self.zygote_log)  # type: ignore[arg-type]
+            self.zygote = Zygote(self.zygote_log, self._label)  # type: ignore[arg-type]
         return self.zygote
+
+    @property
+    def _label(self) -> str:
+        return str(self.state_path.parent) if self.state_path is not None else ""
+
+    def _stop_leftovers(self, grace_s: float = 15.0) -> None:
+        """Components of an earlier launcher of this run that are still alive (it was
+        SIGKILLed): they stop by themselves once they notice; wait, then kill them."""
+        if self.state_path is None or not self.state_path.exists():
+            return
+        try:
+            state = json.loads(self.state_path.read_text())
+        except json.JSONDecodeError:
+            return
+        run_dir = self.state_path.parent
+        pids = [c["pid"] for c in state.values()
+                if c.get("pid") and _is_component(c["pid"], run_dir)]
+        deadline = time.time() + grace_s
+        while pids and time.time() < deadline:
+            pids = [p for p in pids if _pid_alive(p)]
+            time.sleep(0.2)
+        for p in pids:
+            log.warning("killing pid %d left over from an earlier launcher of this run", p)
+            try:
+                os.killpg(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def _write_state(self) -> None:
         if self.state_path is None:

@@ -96,3 +96,48 @@ def test_sigkill_trainer_and_workers_mid_run(tmp_path):
     assert counts["rollbacks"] == 3 and counts["voided_steps"] >= 3
     assert counts["rows_up_to_final_cursor"] == (counts["rows_trained"] + counts["rows_dropped_stale"]
                                                  + counts["rows_dropped_filtered"])
+
+
+@pytest.mark.slow
+def test_sigkill_the_launcher_then_run_again(tmp_path):
+    """The launcher is a component too: SIGKILL it mid-run. Its components notice and
+    stop (no orphans left to race a second trainer); running the flow again resumes the
+    run folder and finishes it with a clean audit."""
+    flow_d = {**KILL_FLOW, "name": "relaunch", "stop": {**KILL_FLOW["stop"], "max_steps": 40}}
+    flow = tmp_path / "relaunch.yaml"
+    flow.write_text(yaml.safe_dump(flow_d))
+    run = tmp_path / "runs" / "relaunch"
+    argv = [sys.executable, "-m", "astraflow.cli", "run", str(flow), "--runs", str(tmp_path / "runs")]
+    first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        wait_until(lambda: progress_step(run) >= 10, 240, "step 10")
+        pids = [pid_of(run, n) for n in ("trainer", "rollout-0", "rollout-1")]
+        assert all(pids)
+        os.killpg(first.pid, signal.SIGKILL)  # the launcher alone: components have their own sessions
+        first.wait()
+
+        def gone() -> bool:
+            alive = []
+            for p in pids:
+                try:
+                    os.kill(p, 0)
+                    alive.append(p)
+                except ProcessLookupError:
+                    pass
+            return not alive
+
+        wait_until(gone, 30, "the orphaned components to stop by themselves")
+        stalled_at = progress_step(run)
+        assert stalled_at < 39
+    finally:
+        stop_run(first, run)
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=400)
+    assert second.returncode == 0, second.stdout + second.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "max_steps" and summary["ledger"]["steps"] == 40
+    audit = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run), "--json"],
+                           capture_output=True, text=True, timeout=120)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    counts = json.loads(audit.stdout)["solver"]
+    assert counts["steps"] == 40 and counts["duplicate_rows"] == 0 and counts["violations"] == 0
