@@ -6,8 +6,10 @@ A component killed by a signal (SIGKILL from preemption, the OOM killer or
 an operator) is restarted at once. One that fails on its own (non-zero exit)
 is restarted after a backoff that doubles with consecutive quick failures
 and resets once it has stayed up for `healthy_s`; only such a crash loop
-(`max_quick_crashes` in a row) stops the run. The live process table goes to `components.json` in the run
-folder so that operators (and the chaos benchmark) can find every pid.
+(`max_quick_crashes` in a row) stops the run. The live process table goes to
+`components.json` in the run folder so that operators (and the chaos
+benchmark) can find every pid; components stop by themselves when the
+launcher's pid disappears, and a new launcher clears any leftovers.
 
 Restarts are fast because a zygote process imported torch, transformers and
 lancedb once (about 7 s of a cold start here) and forks a restarted component
