@@ -266,12 +266,14 @@ def _stop_flag():
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    from astraflow.supervise import pid_alive
+
     launcher = int(os.environ.get("ASTRAFLOW_LAUNCHER_PID", "0"))
 
     def should_stop() -> bool:
         if flag["flag"]:
             return True
-        if launcher and not _alive(launcher):
+        if launcher and not pid_alive(launcher):
             import logging
 
             logging.getLogger("astraflow").warning("launcher (pid %d) is gone; stopping", launcher)
@@ -279,18 +281,6 @@ def _stop_flag():
         return flag["flag"]
 
     return should_stop
-
-
-def _alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def main() -> None:  # pragma: no cover - console entry

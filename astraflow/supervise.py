@@ -83,7 +83,7 @@ class ForkedProc:
 
     def poll(self) -> int | None:
         code = self._zygote.exit_code(self.pid)
-        if code is None and not self._zygote.alive and not _pid_alive(self.pid):
+        if code is None and not self._zygote.alive and not pid_alive(self.pid):
             return -signal.SIGKILL  # the zygote died too; its exit report is lost
         return code
 
@@ -106,7 +106,8 @@ def _is_component(pid: int, run_dir: Path) -> bool:
     return b"astraflow" in cmd and str(run_dir).encode() in cmd
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (zombies included)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -225,7 +226,7 @@ class Supervisor:
                 if c.get("pid") and _is_component(c["pid"], run_dir)]
         deadline = time.time() + grace_s
         while pids and time.time() < deadline:
-            pids = [p for p in pids if _pid_alive(p)]
+            pids = [p for p in pids if pid_alive(p)]
             time.sleep(0.2)
         for p in pids:
             log.warning("killing pid %d left over from an earlier launcher of this run", p)

@@ -90,10 +90,9 @@ class RolloutWorker:
         return True
 
     # -- backpressure --------------------------------------------------------
-    def backlog_rows(self, progress: Progress | None = None) -> int:
+    def backlog_rows(self, progress: Progress | None) -> int:
         """Rows not yet consumed by the trainer: table size minus what the trainer
-        has read (its progress file). Both are cheap reads, so polling is cheap."""
-        progress = progress or self.ledger.progress(self.policy)
+        has read (`progress`, its progress file; None before its first step)."""
         return self.traj.count(self.policy) - (progress.rows_consumed if progress else 0)
 
     def wait_for_room(self, should_stop=lambda: False, poll_s: float = 0.05) -> float:

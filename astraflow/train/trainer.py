@@ -66,14 +66,15 @@ class Trainer:
 
     def _restore(self) -> None:
         """Newest complete checkpoint, or version 0; then void what died since."""
-        latest = self.weights.latest(self.policy)
-        if latest is None:
+        versions = self.weights.versions(self.policy)  # one listing serves both uses
+        if not versions:
             raise RuntimeError(
                 f"no weight version of policy {self.policy!r} in {self.ctx.weights_root}; "
                 f"version 0 is published by `astraflow run` (warm start) before trainers start"
             )
         ckpt = self.checkpoints.latest(self.policy)
-        base = 0 if ckpt is None and 0 in self.weights.versions(self.policy) else latest
+        latest = versions[-1]
+        base = 0 if ckpt is None and 0 in versions else latest
         path = self.weights.load(self.policy, base)
         self.model = load_policy(path)
         self.model.train()
