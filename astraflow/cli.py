@@ -86,7 +86,7 @@ def train(
     sync: Annotated[bool, typer.Option(help="trainer-centred baseline: drive a worker in lockstep")] = False,
     max_steps: Annotated[int | None, typer.Option(help="override stop.max_steps")] = None,
 ) -> None:
-    """Run the trainer of a run's policy (resumes from the ledger and newest weights)."""
+    """Run the trainer of a run's policy (resumes from its newest checkpoint; SIGTERM checkpoints)."""
     ctx = _open(run_dir, "sync" if sync else "trainer")
     if max_steps is not None:
         ctx.flow.stop.max_steps = max_steps
