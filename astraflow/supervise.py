@@ -290,10 +290,13 @@ class Supervisor:
             self._write_state()
 
     def stop_all(self, grace_s: float = 10.0) -> None:
-        """SIGTERM every live component, then SIGKILL whatever is left after `grace_s`."""
-        for c in self.components:
-            if c.alive:
-                os.killpg(c.proc.pid, signal.SIGTERM)
+        """SIGTERM every live component, then SIGKILL whatever is left after `grace_s`.
+
+        The exit codes land in `components.json`, so an operator (or a test) can
+        tell a clean stop (0) from one that had to be killed."""
+        stopping = [c for c in self.components if c.alive]
+        for c in stopping:
+            os.killpg(c.proc.pid, signal.SIGTERM)
         deadline = time.time() + grace_s
         for c in self.components:
             if c.proc is None:
@@ -303,5 +306,9 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 os.killpg(c.proc.pid, signal.SIGKILL)
                 c.proc.wait()
+        for c in stopping:
+            c.exit_codes.append(c.proc.poll())
+            c.finished = True
+        self._write_state()
         if self.zygote is not None:  # last: it reports the exit codes of what it forked
             self.zygote.stop()

@@ -66,9 +66,15 @@ def test_short_flow_through_cli(tmp_path, mode):
     assert summary["final_version"] == ctx.weights().latest("solver")
     assert summary["ledger"]["rows_read"] == consumed.num_rows
     if mode == "async":
+        # Both workers ran and stopped cleanly. Which of them wrote the few batches
+        # this short run needs is a race (one may still be importing torch while the
+        # other fills the backlog), so rows are only required to come from them.
+        state = json.loads((run_dir / "components.json").read_text())
+        for name in ("rollout-0", "rollout-1"):
+            assert state[name]["exit_codes"] == [0] and state[name]["restarts"] == 0, state
         workers = set(ctx.trajectories().read_range("solver", 0, 10**9, columns=["worker"])
                       .column("worker").to_pylist())
-        assert workers == {"w0", "w1"}
+        assert workers and workers <= {"w0", "w1"}
 
     # status reads the same store
     st = subprocess.run([sys.executable, "-m", "astraflow.cli", "status", str(run_dir)],
