@@ -83,13 +83,24 @@ def rollout(
 @app.command()
 def train(
     run_dir: Annotated[Path, typer.Argument(help="a run folder holding flow.resolved.yaml")],
-    sync: Annotated[bool, typer.Option(help="trainer-centred baseline: drive a worker in lockstep")] = False,
+    policy: Annotated[str | None, typer.Option(help="the policy to train (required when the "
+                                                   "flow has several)")] = None,
+    sync: Annotated[bool, typer.Option(help="trainer-centred baseline: drive a worker and every "
+                                            "policy's trainer in lockstep")] = False,
     max_steps: Annotated[int | None, typer.Option(help="override stop.max_steps")] = None,
 ) -> None:
-    """Run the trainer of a run's policy (resumes from its newest checkpoint; SIGTERM checkpoints)."""
-    ctx = _open(run_dir, "sync" if sync else "trainer")
+    """Run one policy's trainer (resumes from its newest checkpoint; SIGTERM checkpoints)."""
+    ctx = _open(run_dir, "sync" if sync else f"trainer-{policy or 'main'}")
     if max_steps is not None:
         ctx.flow.stop.max_steps = max_steps
+    names = ctx.flow.policy_names()
+    if not sync and policy is None:
+        if len(names) > 1:
+            _fail(f"this flow trains {len(names)} policies ({', '.join(names)}): name one with "
+                  f"--policy")
+        policy = names[0]
+    if policy is not None and policy not in names:
+        _fail(f"no policy {policy!r} in this flow (policies: {', '.join(names)})")
     stop = _stop_flag()
     if sync:
         from astraflow.sync import run_sync
@@ -98,38 +109,47 @@ def train(
     else:
         from astraflow.train.trainer import Trainer
 
-        Trainer(ctx).run(should_stop=stop)
+        Trainer(ctx, policy).run(should_stop=stop)
 
 
 @app.command(name="eval")
 def eval_(
     run_dir: Annotated[Path, typer.Argument(help="a run folder")],
     version: Annotated[int | None, typer.Option(help="weight version (default: newest)")] = None,
+    policy: Annotated[str | None, typer.Option(help="policy to evaluate (default: every one)")] = None,
 ) -> None:
-    """Greedy held-out accuracy of a published weight version."""
+    """Greedy held-out metric of a published weight version (accuracy for a solver,
+    judgement accuracy for a verifier); one JSON line per policy."""
     ctx = _open(run_dir, "eval")
     from astraflow.local import Evaluator
 
-    ev = Evaluator(ctx)
-    v = ctx.weights().latest(ctx.flow.policy.name) if version is None else version
-    if v is None:
-        _fail(f"no weight versions in {ctx.weights_root}")
-    acc = ev(v)
-    typer.echo(json.dumps({"policy": ctx.flow.policy.name, "version": v, "accuracy": acc,
-                           "tasks": len(ev.tasks)}))
+    names = ctx.flow.policy_names()
+    if policy is not None and policy not in names:
+        _fail(f"no policy {policy!r} in this flow (policies: {', '.join(names)})")
+    for name in [policy] if policy else names:
+        ev = Evaluator(ctx, name)
+        v = ctx.weights().latest(name) if version is None else version
+        if v is None:
+            _fail(f"no weight versions of {name} in {ctx.weights_root}")
+        acc = ev(v)
+        typer.echo(json.dumps({"policy": name, "version": v, "metric": ev.metric,
+                               "accuracy": acc, "tasks": len(ev.items)}))
 
 
 @app.command()
 def status(run_dir: Annotated[Path, typer.Argument(help="a run folder")]) -> None:
-    """Steps, rows and versions of a run, read from its store."""
+    """Steps, rows and versions of each policy of a run, read from its store."""
     ctx = _open(run_dir, "status", quiet=True)
     from astraflow.report import ledger_totals
 
-    pol = ctx.flow.policy.name
-    totals = ledger_totals(ctx)
-    totals["weight_versions"] = ctx.weights().versions(pol)[-5:]
-    totals["trajectory_rows"] = ctx.trajectories().count(pol)
-    typer.echo(json.dumps(totals, indent=2))
+    out: dict[str, dict] = {}
+    for pol in ctx.flow.policy_names():
+        totals: dict = dict(ledger_totals(ctx, pol))
+        totals["weight_versions"] = ctx.weights().versions(pol)[-5:]
+        totals["trajectory_rows"] = ctx.trajectories().count(pol)
+        out[pol] = totals
+    # One policy: its totals at the top level (as before); several: keyed by policy.
+    typer.echo(json.dumps(next(iter(out.values())) if len(out) == 1 else out, indent=2))
 
 
 @app.command()

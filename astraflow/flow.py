@@ -56,6 +56,10 @@ class WarmStartSpec(_Spec):
     check_every: int = Field(10, ge=1)
     """Steps between validation checks (accuracy jumps fast, so check often)."""
     check_size: int = Field(200, ge=10)
+    init_from: str | None = None
+    """Start from another policy's version 0 instead of a random model (e.g. a verifier
+    from the solver, so it already knows the arithmetic it judges). That policy must
+    come earlier in the workflow's roles and have the same model shape."""
 
 
 class AlgorithmSpec(_Spec):
@@ -70,12 +74,50 @@ class AlgorithmSpec(_Spec):
     """Publish a new weight version every this many optimizer steps."""
 
 
+class StageSpec(_Spec):
+    name: str
+    """A built-in stage (see astraflow.data.stages) or `module:attr` for your own."""
+    params: dict[str, Any] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _exists(cls, v: str) -> str:
+        from astraflow.data.stages import resolve_stage
+
+        resolve_stage(v)  # raises with the list of known stages
+        return v
+
+
 class PolicySpec(_Spec):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")
     """Lower-case identifier; names the trajectory table `traj_<name>` and weight stream."""
     model: ModelSpec = ModelSpec()
     warm_start: WarmStartSpec = WarmStartSpec()
     algorithm: AlgorithmSpec = AlgorithmSpec()
+    stages: list[StageSpec] | None = None
+    """This policy's data stages (its own staleness bound, filters, advantages);
+    default: the flow's `stages`."""
+
+
+class WorkflowSpec(_Spec):
+    """How one episode runs: which policy plays each role, turn by turn."""
+
+    name: str = "single"
+    """`single` (one policy answers each task), `solver_verifier` (a solver answers,
+    verifiers judge the answer), or `module:attr` for your own Workflow class."""
+    roles: dict[str, str] = {}
+    """Role → policy name. A role left out is played by the policy of the same name;
+    in a one-policy flow every role defaults to that policy."""
+    params: dict[str, Any] = {}
+    """Passed to the workflow's constructor (e.g. `verifiers: 3`)."""
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from astraflow.workflows import resolve_workflow
+
+        resolve_workflow(v)  # raises with the built-in names
+        return v
 
 
 class EnvSpec(_Spec):
@@ -109,12 +151,10 @@ class TrainerSpec(_Spec):
     checkpoint_every: int = Field(10, ge=1)
     """Steps between checkpoints (model, optimizer, RNG, cursor); also on SIGTERM."""
     keep_checkpoints: int = Field(2, ge=1)
-
-
-class StageSpec(_Spec):
-    name: str
-    """A built-in stage (see astraflow.data.stages) or `module:attr` for your own."""
-    params: dict[str, Any] = {}
+    version_barrier: bool = False
+    """Several policies: a trainer publishes version N+1 only once every other policy
+    has published N (it keeps training meanwhile), so evaluation can see all
+    policies at one version. Off: each trainer publishes at its own pace."""
 
 
 def _default_stages() -> list[StageSpec]:
@@ -172,6 +212,8 @@ class FlowSpec(_Spec):
     mode: Literal["async", "sync"] = "async"
     """`async`: decoupled processes over the store; `sync`: the trainer-centred baseline."""
     policies: list[PolicySpec] = Field(min_length=1)
+    """Each trains with its own model, optimizer, table, weight stream and trainer."""
+    workflow: WorkflowSpec = WorkflowSpec()
     env: EnvSpec = EnvSpec()
     rollout: RolloutSpec = RolloutSpec()
     trainer: TrainerSpec = TrainerSpec()
@@ -181,32 +223,86 @@ class FlowSpec(_Spec):
 
     @field_validator("policies")
     @classmethod
-    def _one_policy_for_now(cls, v: list[PolicySpec]) -> list[PolicySpec]:
+    def _unique_policies(cls, v: list[PolicySpec]) -> list[PolicySpec]:
         names = [p.name for p in v]
         if len(set(names)) != len(names):
             raise ValueError(f"policy names must be unique, got {names}")
-        if len(v) != 1:
+        return v
+
+    @model_validator(mode="after")
+    def _roles_cover_policies(self) -> FlowSpec:
+        from astraflow.workflows import resolve_workflow
+
+        roles = resolve_workflow(self.workflow.name).role_names(self.workflow.params)
+        names = [p.name for p in self.policies]
+        unknown = sorted(set(self.workflow.roles) - set(roles))
+        if unknown:
+            raise ValueError(f"workflow.roles: {unknown} are not roles of workflow "
+                             f"{self.workflow.name!r} (its roles: {list(roles)})")
+        cast = self.role_map()
+        missing = [r for r in roles if cast[r] not in names]
+        if missing:
+            spare = [n for n in names if n not in cast.values()] or names
             raise ValueError(
-                "this version trains exactly one policy per flow; "
-                "multi-policy flows are not supported yet"
-            )
-        return v
+                f"workflow {self.workflow.name!r} needs a policy for role(s) {missing}: declare "
+                f"policies with those names or map them, e.g. workflow.roles: "
+                f"{{{missing[0]}: {spare[0]}}}")
+        idle = [n for n in names if n not in cast.values()]
+        if idle:
+            raise ValueError(f"policies {idle} play no role of workflow {self.workflow.name!r} "
+                             f"(roles: {list(roles)}), so their trainers would never get data")
+        order = self.policy_names()
+        for p in self.policies:
+            src = p.warm_start.init_from
+            if src is None:
+                continue
+            if src not in order or order.index(src) >= order.index(p.name):
+                raise ValueError(f"policies.{p.name}.warm_start.init_from: {src!r} must be a policy "
+                                 f"that plays an earlier role (order: {order})")
+            if self.policy_spec(src).model != p.model:
+                raise ValueError(f"policies.{p.name}.warm_start.init_from: {src!r} has a different "
+                                 f"model shape; give both the same `model`")
+        return self
 
-    @field_validator("stages")
-    @classmethod
-    def _stages_exist(cls, v: list[StageSpec]) -> list[StageSpec]:
-        from astraflow.data.stages import resolve_stage
+    def role_map(self) -> dict[str, str]:
+        """Role → policy, in the workflow's turn order."""
+        from astraflow.workflows import resolve_workflow
 
-        for s in v:
-            resolve_stage(s.name)  # raises with the list of known stages
-        return v
+        roles = resolve_workflow(self.workflow.name).role_names(self.workflow.params)
+        only = self.policies[0].name if len(self.policies) == 1 else None
+        return {r: self.workflow.roles.get(r, only or r) for r in roles}
 
     @property
     def policy(self) -> PolicySpec:
-        return self.policies[0]
+        """The primary policy: the one playing the workflow's first role (the solver);
+        the stop target and headline accuracy are its."""
+        return self.policy_spec(next(iter(self.role_map().values())))
 
-    def batch_rows(self) -> int:
-        return self.rollout.prompts_per_batch * self.rollout.samples_per_prompt
+    def policy_spec(self, name: str) -> PolicySpec:
+        for p in self.policies:
+            if p.name == name:
+                return p
+        raise KeyError(f"no policy {name!r} in flow {self.name!r} (policies: "
+                       f"{[p.name for p in self.policies]})")
+
+    def stages_for(self, policy: str) -> list[StageSpec]:
+        own = self.policy_spec(policy).stages
+        return self.stages if own is None else own
+
+    def batch_rows(self, policy: str | None = None) -> int:
+        """Rows one rollout batch writes to `policy`'s table (default: the primary
+        policy's); its trainer consumes batches of this size."""
+        from astraflow.workflows import resolve_workflow
+
+        wf = resolve_workflow(self.workflow.name)
+        name = self.policy.name if policy is None else policy
+        per_task = sum(wf.parts_per_task(role, self.workflow.params, self.rollout.samples_per_prompt)
+                       for role, p in self.role_map().items() if p == name)
+        return self.rollout.prompts_per_batch * per_task
+
+    def policy_names(self) -> list[str]:
+        """Policies in the order they first play a role (primary first)."""
+        return list(dict.fromkeys(self.role_map().values()))
 
     def dump(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
@@ -225,8 +321,8 @@ def _format(err: ValidationError, source: str) -> str:
             msg = f"unknown field — {hint}"
         elif e["type"] == "missing":
             msg = "required field is missing — add it"
-        elif e["loc"][:1] == ("store",):
-            pass  # never echo a store location back: it may carry a credential
+        elif e["loc"][:1] == ("store",) or not e["loc"]:
+            pass  # never echo a store location (or the whole flow) back: it may carry a credential
         else:
             msg = f"{msg} (got {e.get('input')!r})"
         lines.append(f"  {path}: {msg}")

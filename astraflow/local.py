@@ -25,17 +25,18 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from astraflow.evaluate import accuracy
+from astraflow.evaluate import score_items
 from astraflow.flow import FlowError, FlowSpec
-from astraflow.models.factory import save_policy, tiny_llama
+from astraflow.models.factory import load_weights_into, save_policy, tiny_llama
 from astraflow.models.tokenizer import CharCodec, build_char_tokenizer
 from astraflow.models.warm_start import warm_start
 from astraflow.report import ledger_totals, plot, write_summary
 from astraflow.rollout.engine import HFEngine
-from astraflow.rollout.worker import make_env
+from astraflow.rollout.worker import make_workflow
 from astraflow.run import RESOLVED, RunContext
 from astraflow.stores import WeightError
 from astraflow.supervise import Component, Supervisor
+from astraflow.workflows import EvalItem
 
 log = logging.getLogger("astraflow.local")
 
@@ -61,50 +62,72 @@ def prepare_run(flow: FlowSpec, runs_root: Path, *, overwrite: bool = False) -> 
 
 
 def publish_version0(ctx: RunContext, console: Console) -> dict[str, Any]:
-    """Warm-start the tiny model and publish it as version 0 (skipped if present)."""
-    pol = ctx.flow.policy
-    ws = ctx.weights()
-    if ws.latest(pol.name) is not None:
-        console.print(f"[dim]weights of {pol.name} exist (v{ws.latest(pol.name)}); skipping warm start")
-        return {}
-    m = pol.model
-    model = tiny_llama(hidden_size=m.hidden_size, layers=m.layers, heads=m.heads,
-                       intermediate_size=m.intermediate_size, seed=ctx.flow.seed)
-    codec = CharCodec.default()
-    env = make_env(ctx)
-    console.print(f"warm start of {pol.name}: supervised pass until validation accuracy "
-                  f">= {pol.warm_start.target_accuracy:.0%} (at most {pol.warm_start.max_steps} steps)")
+    """Warm-start each policy in its (first) role and publish it as version 0; a policy
+    that already has weights is skipped. Returns per-policy warm-start figures."""
+    out: dict[str, Any] = {}
+    workflow = make_workflow(ctx)
+    roles = {p: r for r, p in reversed(list(ctx.flow.role_map().items()))}  # first role wins
+    for name in ctx.flow.policy_names():
+        ws = ctx.weights()
+        if ws.latest(name) is not None:
+            console.print(f"[dim]weights of {name} exist (v{ws.latest(name)}); skipping warm start")
+            continue
+        pol = ctx.flow.policy_spec(name)
+        role = roles[name]
+        m = pol.model
+        model = tiny_llama(hidden_size=m.hidden_size, layers=m.layers, heads=m.heads,
+                           intermediate_size=m.intermediate_size, seed=ctx.flow.seed)
+        codec = CharCodec.default()
+        if pol.warm_start.init_from is not None:
+            load_weights_into(model, ws.load(pol.warm_start.init_from, 0))
+        metric = workflow.metric_name(role)
+        console.print(f"warm start of {name} as {role}"
+                      + (f" from {pol.warm_start.init_from} v0" if pol.warm_start.init_from else "")
+                      + f": supervised pass until validation {metric} >= "
+                      f"{pol.warm_start.target_accuracy:.0%} (at most {pol.warm_start.max_steps} steps)")
 
-    def progress(step: int, acc: float) -> None:
-        if step % 100 == 0 or acc >= pol.warm_start.target_accuracy:
-            console.print(f"  warm start step {step}: validation accuracy {acc:.1%}")
+        def progress(step: int, acc: float, pol=pol, metric=metric) -> None:
+            if step % 100 == 0 or acc >= pol.warm_start.target_accuracy:
+                console.print(f"  warm start step {step}: validation {metric} {acc:.1%}")
 
-    res = warm_start(model, codec, env, pol.warm_start, seed=ctx.flow.seed, progress=progress)
-    staging = ws.staging_dir(pol.name)
-    save_policy(model, build_char_tokenizer(), staging)
-    ws.publish(pol.name, staging, step=0, version=0)
-    console.print(f"published {pol.name} v0 after {res.steps} steps, {res.seconds:.0f}s "
-                  f"(validation accuracy {res.accuracy:.1%})")
-    return {"steps": res.steps, "seconds": res.seconds, "validation_accuracy": res.accuracy}
+        res = warm_start(model, codec, workflow, role, pol.warm_start, seed=ctx.flow.seed,
+                         progress=progress)
+        staging = ws.staging_dir(name)
+        save_policy(model, build_char_tokenizer(), staging)
+        ws.publish(name, staging, step=0, version=0)
+        console.print(f"published {name} v0 after {res.steps} steps, {res.seconds:.0f}s "
+                      f"(validation {metric} {res.accuracy:.1%})")
+        out[name] = {"steps": res.steps, "seconds": res.seconds, "validation_accuracy": res.accuracy}
+    return out
 
 
 class Evaluator:
-    """Greedy held-out accuracy of any published version, in the launcher process."""
+    """Greedy held-out metric of any published version of one policy, in the launcher
+    process: accuracy for a solver, judgement accuracy for a verifier."""
 
-    def __init__(self, ctx: RunContext):
+    def __init__(self, ctx: RunContext, policy: str | None = None):
         self.ctx = ctx
-        self.env = make_env(ctx)
-        self.tasks = self.env.eval_tasks(ctx.flow.env.eval_size)
+        self.policy = policy or ctx.flow.policy.name
+        self.role = next(r for r, p in ctx.flow.role_map().items() if p == self.policy)
+        self.workflow = make_workflow(ctx)
+        self.metric = self.workflow.metric_name(self.role)
+        self.items = self.workflow.eval_items(self.role, ctx.flow.env.eval_size)
         self.ws = ctx.weights()
         self.engine: HFEngine | None = None
 
+    @property
+    def tasks(self) -> list[EvalItem]:
+        return self.items
+
     def __call__(self, version: int, n: int | None = None) -> float:
-        path = self.ws.load(self.ctx.flow.policy.name, version)
+        path = self.ws.load(self.policy, version)
         if self.engine is None:
             self.engine = HFEngine.from_dir(path)
         else:
             self.engine.load_weights(path)
-        return accuracy(self.engine, self.env, self.tasks[: n or len(self.tasks)])
+        items = self.items[: n or len(self.items)]
+        return score_items(self.engine, [(it.prompt, it.check) for it in items],
+                           self.workflow.max_new_tokens(self.role))
 
 
 def components(ctx: RunContext) -> list[Component]:
@@ -116,7 +139,8 @@ def components(ctx: RunContext) -> list[Component]:
         threads = min(flow.rollout.threads * flow.rollout.workers + flow.trainer.threads,
                       os.cpu_count() or 1)
         return [Component("sync", ["train", run, "--sync"], threads, logs / "sync.log")]
-    comps = [Component("trainer", ["train", run], flow.trainer.threads, logs / "trainer.log")]
+    comps = [Component(f"trainer-{p}", ["train", run, "--policy", p], flow.trainer.threads,
+                       logs / f"trainer-{p}.log") for p in flow.policy_names()]
     for i in range(flow.rollout.workers):
         comps.append(Component(f"rollout-{i}", ["rollout", run, "--worker-id", f"w{i}"],
                                flow.rollout.threads, logs / f"rollout-{i}.log"))
@@ -126,15 +150,17 @@ def components(ctx: RunContext) -> list[Component]:
 def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]:
     console = console or Console(soft_wrap=True)
     flow, pol = ctx.flow, ctx.flow.policy.name
+    policies = flow.policy_names()
     t_start = time.time()
     # Warm start has the machine to itself: give it every core the components will share.
     torch.set_num_threads(min(flow.rollout.threads * flow.rollout.workers + flow.trainer.threads,
                               os.cpu_count() or 1))
     warm = publish_version0(ctx, console)
     torch.set_num_threads(1)  # from here on the launcher only evaluates, beside the components
-    evaluator = Evaluator(ctx)
-    acc0 = evaluator(0)
-    console.print(f"held-out accuracy of v0: {acc0:.1%} on {len(evaluator.tasks)} tasks")
+    evaluators = {p: Evaluator(ctx, p) for p in policies}
+    acc0 = {p: ev(0) for p, ev in evaluators.items()}
+    for p, ev in evaluators.items():
+        console.print(f"held-out {ev.metric} of {p} v0: {acc0[p]:.1%} on {len(ev.items)} items")
     ledger = ctx.ledger()
     sup = Supervisor(components(ctx), state_path=ctx.run_dir / "components.json",
                      zygote_log=ctx.run_dir / "logs" / "zygote.log")
@@ -149,18 +175,18 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
     console.print(f"started {len(sup.components)} component(s) in {flow.mode} mode: "
                   + ", ".join(c.name for c in sup.components))
     deadline = t0 + flow.stop.max_minutes * 60
-    live: list[dict[str, float]] = []
+    live: list[dict[str, Any]] = []
     last_eval = last_show = last_maint = t0
     last_seen = 0.0
-    latest: dict[str, float] = {}
+    latest: dict[str, dict[str, float]] = {p: {} for p in policies}
     reason = "max_steps"
-    trainer_name = "sync" if flow.mode == "sync" else "trainer"
+    trainers = [c for c in sup.components if c.name == "sync" or c.name.startswith("trainer-")]
     try:
         while True:
             time.sleep(0.5)
             sup.check()
             now = time.time()
-            if any(c.finished for c in sup.components if c.name == trainer_name):
+            if all(c.finished for c in trainers):
                 reason = "max_steps"
                 break
             if stop_requested["flag"]:
@@ -172,23 +198,20 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
             if now - last_show >= 5.0:
                 rows = ledger.read_metrics(since=last_seen).to_pylist()
                 for r in sorted(rows, key=lambda r: r["time"]):
-                    latest[r["name"]] = r["value"]
-                    latest["step"] = r["step"]
                     last_seen = max(last_seen, r["time"])
+                    if r["component"] != "trainer" or r["policy"] not in latest:
+                        continue
+                    latest[r["policy"]][r["name"]] = r["value"]
+                    latest[r["policy"]]["step"] = r["step"]
                 last_show = now
                 _show(console, now - t0, latest, live)
             if now - last_eval >= flow.stop.eval_every_s:
-                v = ctx.weights().latest(pol)
-                acc = None
-                if v is not None:
-                    try:
-                        acc = evaluator(v, flow.stop.live_eval_size)
-                    except (WeightError, FileNotFoundError) as err:  # pruned meanwhile
-                        log.info("live eval of v%s skipped: %s", v, err)
-                if acc is not None:
-                    ledger.log("eval", pol, v, {"heldout_accuracy": acc})
-                    live.append({"t": time.time() - t0, "version": v, "accuracy": acc})
-                    if flow.stop.target_accuracy is not None and acc >= flow.stop.target_accuracy:
+                point = live_eval(ctx, evaluators, flow.stop.live_eval_size)
+                if point is not None:
+                    point["t"] = time.time() - t0
+                    live.append(point)
+                    target = flow.stop.target_accuracy
+                    if target is not None and point["accuracy"].get(pol, 0.0) >= target:
                         reason = "target_accuracy"
                         break
                 last_eval = time.time()
@@ -200,50 +223,92 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
         for s, h in old.items():
             signal.signal(s, h)
     t_end = time.time()
-    final_v = ctx.weights().latest(pol)
-    acc_final = evaluator(final_v)
-    totals = ledger_totals(ctx)
+    per_policy: dict[str, dict[str, Any]] = {}
+    for p, ev in evaluators.items():
+        final_v = ctx.weights().latest(p)
+        acc = ev(final_v)
+        totals = ledger_totals(ctx, p)
+        per_policy[p] = {
+            "metric": ev.metric, "heldout_items": len(ev.items), "accuracy_v0": acc0[p],
+            "final_version": final_v, "accuracy_final": acc,
+            "improvement_points": 100 * (acc - acc0[p]), "ledger": totals,
+            "steps_per_second": totals["steps"] / max(t_end - t0, 1e-9),
+            "rows_per_second": totals["rows_read"] / max(t_end - t0, 1e-9),
+        }
+    head = per_policy[pol]
     summary = {
         "flow": flow.name, "mode": flow.mode, "policy": pol, "stop_reason": reason,
-        "warm_start": warm, "heldout_tasks": len(evaluator.tasks),
-        "accuracy_v0": acc0, "final_version": final_v, "accuracy_final": acc_final,
-        "improvement_points": 100 * (acc_final - acc0),
+        "warm_start": warm, "heldout_tasks": head["heldout_items"],
+        "accuracy_v0": head["accuracy_v0"], "final_version": head["final_version"],
+        "accuracy_final": head["accuracy_final"], "improvement_points": head["improvement_points"],
         "rl_seconds": t_end - t0, "total_seconds": time.time() - t_start,
-        "ledger": totals,
-        "steps_per_second": totals["steps"] / max(t_end - t0, 1e-9),
-        "rows_per_second": totals["rows_read"] / max(t_end - t0, 1e-9),
+        "ledger": head["ledger"], "steps_per_second": head["steps_per_second"],
+        "rows_per_second": head["rows_per_second"], "policies": per_policy,
         "live_eval": live,
         "restarts": {c.name: c.restarts for c in sup.components},
     }
     write_summary(ctx, summary)
-    plot(ctx, t0, acc0=acc0, final=(t_end - t0, acc_final))
-    console.print(
-        f"[bold]done[/bold] ({reason}): {totals['steps']} steps in {t_end - t0:.0f}s; held-out "
-        f"accuracy v0 {acc0:.1%} → v{final_v} {acc_final:.1%} "
-        f"({summary['improvement_points']:+.1f} points). Wrote {ctx.run_dir / 'summary.json'} "
-        f"and {ctx.run_dir / 'progress.png'}"
-    )
+    plot(ctx, t0, acc0=acc0, final={p: (t_end - t0, v["accuracy_final"])
+                                    for p, v in per_policy.items()})
+    for p, v in per_policy.items():
+        console.print(
+            f"[bold]{p}[/bold]: {v['ledger']['steps']} steps; held-out {v['metric']} v0 "
+            f"{v['accuracy_v0']:.1%} → v{v['final_version']} {v['accuracy_final']:.1%} "
+            f"({v['improvement_points']:+.1f} points)")
+    console.print(f"[bold]done[/bold] ({reason}) in {t_end - t0:.0f}s of RL. Wrote "
+                  f"{ctx.run_dir / 'summary.json'} and {ctx.run_dir / 'progress.png'}")
     return summary
 
 
-def _show(console: Console, t: float, m: dict[str, float], live: list[dict[str, float]]) -> None:
-    if "step" not in m:
+def live_eval(ctx: RunContext, evaluators: dict[str, Evaluator], n: int) -> dict[str, Any] | None:
+    """Held-out metric of each policy on a slice: every policy at its newest version, or,
+    with `trainer.version_barrier`, all at the newest version every policy has published."""
+    ws = ctx.weights()
+    newest = {p: ws.latest(p) for p in evaluators}
+    if any(v is None for v in newest.values()):
+        return None
+    if ctx.flow.trainer.version_barrier:
+        common = min(newest.values())  # type: ignore[type-var]
+        newest = dict.fromkeys(newest, common)
+    point: dict[str, Any] = {"version": newest, "accuracy": {}}
+    for p, ev in evaluators.items():
+        try:
+            acc = ev(newest[p], n)  # type: ignore[arg-type]
+        except (WeightError, FileNotFoundError) as err:  # pruned meanwhile
+            log.info("live eval of %s v%s skipped: %s", p, newest[p], err)
+            return None
+        point["accuracy"][p] = acc
+        ctx.ledger().log("eval", p, newest[p], {"heldout_accuracy": acc})  # type: ignore[arg-type]
+    return point
+
+
+def _show(console: Console, t: float, latest: dict[str, dict[str, float]],
+          live: list[dict[str, Any]]) -> None:
+    if not any("step" in m for m in latest.values()):
         console.print(f"  {t:5.0f}s waiting for the first trainer step…")
         return
-    acc = f"{live[-1]['accuracy']:.1%} (v{int(live[-1]['version'])})" if live else "—"
-    console.print(
-        f"  {t:5.0f}s step {int(m['step']):5d}  v{int(m.get('weight_version', 0))}  "
-        f"reward {m.get('reward_mean', 0):.3f}  held-out {acc}  "
-        f"staleness {m.get('staleness_mean', 0):.2f}  "
-        f"{m.get('rows_read', 0) / max(m.get('step_time_s', 0) + m.get('trainer_wait_s', 0), 1e-9):.0f} rows/s  "
-        f"wait {m.get('trainer_wait_s', 0):.2f}s"
-    )
+    for p, m in latest.items():
+        if "step" not in m:
+            console.print(f"  {t:5.0f}s {p}: waiting for its first step…")
+            continue
+        acc = "—"
+        if live and p in live[-1]["accuracy"]:
+            acc = f"{live[-1]['accuracy'][p]:.1%} (v{int(live[-1]['version'][p])})"
+        name = f"{p}: " if len(latest) > 1 else ""
+        console.print(
+            f"  {t:5.0f}s {name}step {int(m['step']):5d}  v{int(m.get('weight_version', 0))}  "
+            f"reward {m.get('reward_mean', 0):.3f}  held-out {acc}  "
+            f"staleness {m.get('staleness_mean', 0):.2f}  "
+            f"{m.get('rows_read', 0) / max(m.get('step_time_s', 0) + m.get('trainer_wait_s', 0), 1e-9):.0f} rows/s  "
+            f"wait {m.get('trainer_wait_s', 0):.2f}s"
+        )
 
 
 def _maintain(ctx: RunContext) -> None:
     """Compact the run's tables so reads stay fast as small commits pile up."""
     try:
-        ctx.trajectories().maintain(ctx.flow.policy.name)
+        for p in ctx.flow.policy_names():
+            ctx.trajectories().maintain(p)
         ctx.ledger().maintain()
     except Exception as err:  # maintenance is best effort; data is never at stake here
         log.warning("maintenance skipped: %s", err)

@@ -9,14 +9,16 @@ from typing import Any
 from astraflow.run import RunContext
 
 
-def metric_series(ctx: RunContext, name: str, component: str | None = None) -> list[tuple[float, float]]:
+def metric_series(ctx: RunContext, name: str, component: str | None = None,
+                  policy: str | None = None) -> list[tuple[float, float]]:
     t = ctx.ledger().read_metrics(names=[name]).to_pylist()
-    rows = [r for r in t if component is None or r["component"] == component]
+    rows = [r for r in t if (component is None or r["component"] == component)
+            and (policy is None or r["policy"] == policy)]
     return sorted((r["time"], r["value"]) for r in rows)
 
 
-def ledger_totals(ctx: RunContext) -> dict[str, int]:
-    entries = ctx.ledger().entries(ctx.flow.policy.name)
+def ledger_totals(ctx: RunContext, policy: str | None = None) -> dict[str, int]:
+    entries = ctx.ledger().entries(policy or ctx.flow.policy.name)
     return {
         "steps": len(entries),
         "optimizer_steps": sum(e.optimizer_step for e in entries),
@@ -36,30 +38,41 @@ def write_summary(ctx: RunContext, summary: dict[str, Any]) -> Path:
     return path
 
 
-def plot(ctx: RunContext, t0: float, acc0: float | None = None,
-         final: tuple[float, float] | None = None) -> Path:
+def plot(ctx: RunContext, t0: float, acc0: dict[str, float] | None = None,
+         final: dict[str, tuple[float, float]] | None = None) -> Path:
+    """Train reward and held-out metric over time, one colour per policy."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    reward = metric_series(ctx, "reward_mean", "trainer")
-    acc = metric_series(ctx, "heldout_accuracy", "eval")
     fig, ax = plt.subplots(figsize=(7, 4))
-    if reward:
-        ax.plot([t - t0 for t, _ in reward], [v for _, v in reward], lw=0.8, alpha=0.6,
-                label="train reward (sampled, T=1)")
-    if acc:
-        ax.plot([t - t0 for t, _ in acc], [v for _, v in acc], "o-", label="held-out accuracy (greedy)")
-    if acc0 is not None:
-        ax.axhline(acc0, ls="--", color="grey", lw=1, label=f"version 0 held-out ({acc0:.0%})")
-    if final is not None:
-        ax.plot([final[0]], [final[1]], "r*", ms=12, label=f"final held-out ({final[1]:.0%}, all tasks)")
+    policies = ctx.flow.policy_names()
+    evals = ctx.ledger().read_metrics(names=["heldout_accuracy"]).to_pylist()
+    rewards = ctx.ledger().read_metrics(names=["reward_mean"]).to_pylist()
+    for i, p in enumerate(policies):
+        colour = f"C{i}"
+        tag = f"{p}: " if len(policies) > 1 else ""
+        reward = sorted((r["time"], r["value"]) for r in rewards
+                        if r["component"] == "trainer" and r["policy"] == p)
+        acc = sorted((r["time"], r["value"]) for r in evals
+                     if r["component"] == "eval" and r["policy"] == p)
+        if reward:
+            ax.plot([t - t0 for t, _ in reward], [v for _, v in reward], lw=0.8, alpha=0.4,
+                    color=colour, label=f"{tag}train reward (sampled, T=1)")
+        if acc:
+            ax.plot([t - t0 for t, _ in acc], [v for _, v in acc], "o-", ms=3, color=colour,
+                    label=f"{tag}held-out (greedy)")
+        if acc0 and p in acc0:
+            ax.axhline(acc0[p], ls="--", color=colour, lw=1, label=f"{tag}v0 held-out ({acc0[p]:.0%})")
+        if final and p in final:
+            t, a = final[p]
+            ax.plot([t], [a], "*", color=colour, ms=12, label=f"{tag}final held-out ({a:.0%})")
     ax.set_xlabel("seconds since components started")
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right", fontsize="small")
     ax.set_title(f"{ctx.flow.name} ({ctx.flow.mode})")
     path = ctx.run_dir / "progress.png"
     fig.tight_layout()

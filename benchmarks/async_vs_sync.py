@@ -64,7 +64,7 @@ def breakdown(ctx: RunContext) -> dict[str, float]:
 
 def time_to(summary: dict, target: float) -> float | None:
     for e in summary["live_eval"]:
-        if e["accuracy"] >= target:
+        if e["accuracy"].get(summary["policy"], 0.0) >= target:
             return e["t"]
     return None
 

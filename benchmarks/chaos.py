@@ -93,7 +93,7 @@ def recovery_times(ctx: RunContext, kills: list[dict]) -> list[float | None]:
         by_worker.setdefault(w, []).append(t.timestamp())
     out: list[float | None] = []
     for k in kills:
-        if k["component"] == "trainer":
+        if k["component"].startswith("trainer"):
             times = steps
         else:
             times = sorted(by_worker.get("w" + k["component"].split("-")[1], []))
@@ -189,7 +189,7 @@ def main() -> None:
         by = {}
         for k, r in zip(kills, rec, strict=True):
             if r is not None:
-                by.setdefault("trainer" if k["component"] == "trainer" else "worker", []).append(r)
+                by.setdefault("trainer" if k["component"].startswith("trainer") else "worker", []).append(r)
         console.print("  mean " + ", ".join(f"{k} {sum(v) / len(v):.1f}s (n={len(v)})"
                                             for k, v in sorted(by.items())))
     console.print(f"\nbenchmark wall time {time.time() - t_all:.0f}s")

@@ -69,12 +69,12 @@ def test_sigkill_trainer_and_workers_mid_run(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     killed: list[str] = []
     try:
-        for victim, at_step in [("trainer", 6), ("rollout-0", 15), ("trainer", 25),
-                                ("rollout-1", 35), ("trainer", 45)]:
+        for victim, at_step in [("trainer-solver", 6), ("rollout-0", 15), ("trainer-solver", 25),
+                                ("rollout-1", 35), ("trainer-solver", 45)]:
             # Trainer kills land mid-interval (checkpoints follow every 4th step), so
             # they lose steps the successor must roll back and train again.
             wait_until(lambda s=at_step, v=victim: progress_step(run) >= s and (
-                v != "trainer" or progress_step(run) % 4 in (0, 1)), 240, f"step {at_step}")
+                v != "trainer-solver" or progress_step(run) % 4 in (0, 1)), 240, f"step {at_step}")
             pid = pid_of(run, victim)
             assert pid is not None, f"{victim} has no live pid"
             os.kill(pid, signal.SIGKILL)
@@ -87,7 +87,7 @@ def test_sigkill_trainer_and_workers_mid_run(tmp_path):
     assert launcher.returncode == 0, out
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "max_steps"
-    assert summary["restarts"] == {"trainer": 3, "rollout-0": 1, "rollout-1": 1}
+    assert summary["restarts"] == {"trainer-solver": 3, "rollout-0": 1, "rollout-1": 1}
     audit = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run), "--json"],
                            capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr
@@ -112,7 +112,7 @@ def test_sigkill_the_launcher_then_run_again(tmp_path):
                              start_new_session=True)
     try:
         wait_until(lambda: progress_step(run) >= 10, 240, "step 10")
-        pids = [pid_of(run, n) for n in ("trainer", "rollout-0", "rollout-1")]
+        pids = [pid_of(run, n) for n in ("trainer-solver", "rollout-0", "rollout-1")]
         assert all(pids)
         os.killpg(first.pid, signal.SIGKILL)  # the launcher alone: components have their own sessions
         first.wait()

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from astraflow.envs.math import MathEnv
-from astraflow.evaluate import accuracy
+from astraflow.evaluate import score_items
 from astraflow.flow import WarmStartSpec
 from astraflow.models.tokenizer import CharCodec
 from astraflow.rollout.engine import HFEngine
+from astraflow.workflows import Workflow
 
 log = logging.getLogger("astraflow.warm_start")
 
@@ -33,21 +33,31 @@ class WarmStartResult:
     seconds: float
 
 
-def warm_start(model: torch.nn.Module, codec: CharCodec, env: MathEnv, spec: WarmStartSpec,
-               seed: int = 0, progress: Callable[[int, float], None] | None = None) -> WarmStartResult:
+def warm_start(model: torch.nn.Module, codec: CharCodec, workflow: Workflow, role: str,
+               spec: WarmStartSpec, seed: int = 0,
+               progress: Callable[[int, float], None] | None = None) -> WarmStartResult:
+    """Supervised steps on the workflow's (prompt, target) pairs for `role` until the
+    validation check reaches `spec.target_accuracy` (or `spec.max_steps`)."""
     t0 = time.time()
     rng = random.Random(seed)
     val_rng = random.Random(seed + 1_000_003)
-    val = [env.sample(val_rng) for _ in range(spec.check_size)]  # training distribution
+    # Validation draws come from the training distribution, never the held-out set.
+    val = [workflow.sft_example(role, val_rng) for _ in range(spec.check_size)]
     engine = HFEngine(model, codec)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr)
-    acc = accuracy(engine, env, val)
+    max_new = workflow.max_new_tokens(role)
+
+    def check() -> float:
+        return score_items(engine, [(p, lambda text, y=y: text == y) for p, y in val], max_new)
+
+    acc = check()
     step = 0
     while step < spec.max_steps and acc < spec.target_accuracy:
         model.train()
-        tasks = [env.sample(rng) for _ in range(spec.batch_size)]
-        seqs = [codec.encode(t.prompt) + codec.encode(t.answer)[1:] + [codec.eos_id] for t in tasks]
-        plen = [len(codec.encode(t.prompt)) for t in tasks]
+        pairs = [workflow.sft_example(role, rng) for _ in range(spec.batch_size)]
+        prompts = [codec.encode(p) for p, _ in pairs]
+        seqs = [pr + codec.encode(y)[1:] + [codec.eos_id] for pr, (_, y) in zip(prompts, pairs,
+                                                                                strict=True)]
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), codec.pad_id, dtype=torch.long)
         labels = torch.full((len(seqs), width), -100, dtype=torch.long)
@@ -55,7 +65,8 @@ def warm_start(model: torch.nn.Module, codec: CharCodec, env: MathEnv, spec: War
         for i, s in enumerate(seqs):
             ids[i, : len(s)] = torch.tensor(s)
             attn[i, : len(s)] = 1
-            labels[i, plen[i] : len(s)] = torch.tensor(s[plen[i] :])  # answer + EOS only
+            plen = len(prompts[i])
+            labels[i, plen : len(s)] = torch.tensor(s[plen:])  # target + EOS only
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -63,7 +74,7 @@ def warm_start(model: torch.nn.Module, codec: CharCodec, env: MathEnv, spec: War
         step += 1
         if step % spec.check_every == 0:
             model.eval()
-            acc = accuracy(engine, env, val)
+            acc = check()
             if progress:
                 progress(step, acc)
     model.eval()

@@ -1,18 +1,25 @@
 """The rollout worker: a stateless loop that turns weights into trajectories.
 
-    weights/<policy>/latest ──(verify sha256, swap in place)──► engine
-    workload.sample(seeded rng) ──► prompts ──► engine.generate (G samples each)
-        ──► modelled env/tool wait ──► reward ──► one Arrow batch ──► traj_<policy>
+    weights/<policy>/latest ──(verify sha256, swap in place)──► one engine per policy
+    workload.sample(seeded rng) ──► tasks ──► workflow.episodes(tasks, actor)
+        each turn: the role's policy generates (G samples each) ──► modelled env wait
+        ──► one Part per policy per episode ──► one Arrow batch per policy
+        ──► traj_<policy> (one commit per table)
 
-Backpressure and staleness contract:
-  * it waits while the policy's unconsumed backlog (table rows minus the rows
-    the trainer's progress file says it consumed) is at least
-    `max_backlog_batches` batches;
-  * it refuses to produce while its loaded weights trail the newest published
-    version by more than `max_weight_lag` (e.g. every newer version failed
-    verification), since such rows would only be dropped as stale.
-Kill it at any instant: nothing is lost but the batch it had not committed
-(one commit per batch, so never a partial batch).
+It serves every policy the flow's workflow casts (a solver and a verifier, say)
+and reloads each one independently when its trainer publishes.
+
+Backpressure and staleness contract (per policy; it produces only when all pass):
+  * it waits while a policy's unconsumed backlog (table rows minus the rows its
+    trainer's progress file says it consumed) is at least `max_backlog_batches`
+    batches;
+  * it refuses to produce while its loaded weights of a policy trail the newest
+    published version by more than `max_weight_lag` (e.g. every newer version
+    failed verification), since such rows would only be dropped as stale.
+Kill it at any instant: nothing is lost but the batch it had not committed.
+A batch is one commit per policy table; a kill between those commits leaves an
+episode's solver rows without its verifier rows, which each trainer, reading
+only its own table, handles like any other batch.
 """
 
 from __future__ import annotations
@@ -24,14 +31,17 @@ import random
 import socket
 import time
 import uuid
+from collections import defaultdict
 from datetime import UTC, datetime
 
 import torch
 
 from astraflow.envs.math import MathEnv
-from astraflow.rollout.engine import HFEngine
+from astraflow.models.tokenizer import CharCodec
+from astraflow.rollout.engine import Generation, HFEngine
 from astraflow.run import RunContext
 from astraflow.stores import Progress, TamperedWeights, WeightError
+from astraflow.workflows import Workflow, resolve_workflow
 
 log = logging.getLogger("astraflow.rollout")
 
@@ -41,125 +51,175 @@ def make_env(ctx: RunContext) -> MathEnv:
     return MathEnv(digits=e.digits, op=e.op)
 
 
+def make_workflow(ctx: RunContext, codec: CharCodec | None = None) -> Workflow:
+    wf = ctx.flow.workflow
+    return resolve_workflow(wf.name)(make_env(ctx), codec or CharCodec.default(),
+                                     samples_per_prompt=ctx.flow.rollout.samples_per_prompt,
+                                     **wf.params)
+
+
+class _Actor:
+    """What the workflow sees: generate as a role (with that role's policy), wait."""
+
+    def __init__(self, worker: RolloutWorker):
+        self.w = worker
+        self.codec = worker.codec
+        self.gen_s: dict[str, float] = defaultdict(float)
+        self.env_wait_s = 0.0
+
+    def generate(self, role: str, prompts: list[list[int]], *, samples: int,
+                 max_new_tokens: int) -> Generation:
+        policy = self.w.cast[role]
+        engine = self.w.engines[policy]
+        t0 = time.time()
+        out = engine.generate(prompts, samples_per_prompt=samples, max_new_tokens=max_new_tokens,
+                              temperature=self.w.ctx.flow.rollout.temperature, generator=self.w.gen)
+        self.gen_s[policy] += time.time() - t0
+        return out
+
+    def env_wait(self) -> None:
+        latency = self.w.ctx.flow.env.turn_latency_ms / 1000.0
+        if latency > 0:
+            time.sleep(latency)
+            self.env_wait_s += latency
+
+
 class RolloutWorker:
     def __init__(self, ctx: RunContext, worker_id: str, *, region: str | None = None):
         self.ctx, self.worker_id = ctx, worker_id
-        self.policy = ctx.flow.policy.name
+        self.cast = ctx.flow.role_map()  # role → policy
+        self.policies = ctx.flow.policy_names()
         self.region = region or os.environ.get("ASTRAFLOW_REGION", "local")
         self.traj = ctx.trajectories()
         self.weights = ctx.weights()
         self.ledger = ctx.ledger()
-        self.env = make_env(ctx)
+        self.codec = CharCodec.default()
+        self.workflow = make_workflow(ctx, self.codec)
+        self.env = self.workflow.env
         # Seeded per worker and per start, so restarted workers do not replay tasks.
         seed = hash((ctx.flow.seed, worker_id, time.time_ns())) & 0x7FFFFFFF
         self.rng = random.Random(seed)
         self.gen = torch.Generator().manual_seed(seed)
-        self.engine: HFEngine | None = None
-        self.version: int | None = None
-        self.newest: int | None = None  # newest published version seen by refresh_weights
-        self.extras = json.dumps({"host": socket.gethostname()})
+        self.engines: dict[str, HFEngine] = {}
+        self.versions: dict[str, int | None] = dict.fromkeys(self.policies)
+        self.newest: dict[str, int | None] = dict.fromkeys(self.policies)
+        self.host = socket.gethostname()
         self.batches = 0
         self.last_wait_s = 0.0
 
+    @property
+    def version(self) -> int | None:
+        """The loaded version of the primary policy (the only one in one-policy flows)."""
+        return self.versions[self.policies[0]]
+
     # -- weights -----------------------------------------------------------
-    def refresh_weights(self) -> bool:
-        """Load the newest verified version; keep the previous one if it fails."""
-        latest = self.newest = self.weights.latest(self.policy)
-        if latest is None or latest == self.version:
+    def refresh_weights(self, policies: list[str] | None = None) -> bool:
+        """Load the newest verified version of each policy; keep the previous one of a
+        policy whose newest fails. True if any policy changed."""
+        changed = False
+        for p in policies or self.policies:
+            changed |= self._refresh(p)
+        return changed
+
+    def _refresh(self, policy: str) -> bool:
+        latest = self.newest[policy] = self.weights.latest(policy)
+        held = self.versions[policy]
+        if latest is None or latest == held:
             return False
         try:
-            path = self.weights.load(self.policy, latest)
+            path = self.weights.load(policy, latest)
         except TamperedWeights as err:
-            log.warning("%s: refusing %s v%d (%s); keeping v%s", self.worker_id, self.policy,
-                        latest, err, self.version)
+            log.warning("%s: refusing %s v%d (%s); keeping v%s", self.worker_id, policy,
+                        latest, err, held)
             return False
         except WeightError as err:  # pruned between listing and loading: try again later
-            log.info("%s: %s v%d vanished before loading (%s)", self.worker_id, self.policy,
+            log.info("%s: %s v%d vanished before loading (%s)", self.worker_id, policy,
                      latest, err)
             return False
         try:
-            if self.engine is None:
-                self.engine = HFEngine.from_dir(path)
+            if policy not in self.engines:
+                self.engines[policy] = HFEngine.from_dir(path)
             else:
-                self.engine.load_weights(path)
+                self.engines[policy].load_weights(path)
         except FileNotFoundError as err:  # pruned while reading: keep what we had
-            log.info("%s: %s v%d pruned while loading (%s)", self.worker_id, self.policy,
+            log.info("%s: %s v%d pruned while loading (%s)", self.worker_id, policy,
                      latest, err)
             return False
-        self.version = latest
+        self.versions[policy] = latest
         return True
 
     # -- backpressure --------------------------------------------------------
-    def backlog_rows(self, progress: Progress | None) -> int:
-        """Rows not yet consumed by the trainer: table size minus what the trainer
-        has read (`progress`, its progress file; None before its first step)."""
-        return self.traj.count(self.policy) - (progress.rows_consumed if progress else 0)
+    def backlog_rows(self, progress: Progress | None, policy: str | None = None) -> int:
+        """Rows of `policy` not yet consumed by its trainer: table size minus what the
+        trainer has read (`progress`, its progress file; None before its first step)."""
+        return (self.traj.count(policy or self.policies[0])
+                - (progress.rows_consumed if progress else 0))
+
+    def _room(self, policy: str) -> bool:
+        # The trainer's progress file names its newest version: list the weight store
+        # (a LIST request on S3) only when that differs from ours.
+        progress = self.ledger.progress(policy)
+        if progress is None or progress.weight_version != self.versions[policy]:
+            self._refresh(policy)
+        else:
+            self.newest[policy] = progress.weight_version
+        held, newest = self.versions[policy], self.newest[policy]
+        lag = 0 if newest is None or held is None else newest - held
+        limit = self.ctx.flow.rollout.max_backlog_batches * self.ctx.flow.batch_rows(policy)
+        return (held is not None and lag <= self.ctx.flow.rollout.max_weight_lag
+                and self.backlog_rows(progress, policy) < limit)
 
     def wait_for_room(self, should_stop=lambda: False, poll_s: float = 0.05) -> float:
-        """Block while the backlog is full or weights lag too far; returns seconds waited."""
+        """Block while any policy's backlog is full or its weights lag too far;
+        returns seconds waited."""
         t0 = time.time()
-        limit = self.ctx.flow.rollout.max_backlog_batches * self.ctx.flow.batch_rows()
-        lag_limit = self.ctx.flow.rollout.max_weight_lag
         while not should_stop():
-            # The trainer's progress file names its newest version: list the weight
-            # store (a LIST request on S3) only when that differs from ours.
-            progress = self.ledger.progress(self.policy)
-            if progress is None or progress.weight_version != self.version:
-                self.refresh_weights()
-            else:
-                self.newest = progress.weight_version
-            lag = 0 if self.newest is None or self.version is None else self.newest - self.version
-            if (self.version is not None and lag <= lag_limit
-                    and self.backlog_rows(progress) < limit):
+            if all([self._room(p) for p in self.policies]):  # every policy checked (and reloaded)
                 break
             time.sleep(poll_s)
         return time.time() - t0
 
     # -- one batch ---------------------------------------------------------------
     def produce_batch(self) -> int:
-        """Generate, score and append one batch (one commit). Returns rows written."""
-        assert self.engine is not None and self.version is not None
+        """Run one batch of episodes; append each policy's rows (one commit per policy).
+        Returns rows written."""
+        assert all(v is not None for v in self.versions.values()), "refresh_weights() first"
         ro = self.ctx.flow.rollout
         t0 = time.time()
         tasks = [self.env.sample(self.rng) for _ in range(ro.prompts_per_batch)]
-        codec = self.engine.codec
-        prompts = [codec.encode(t.prompt) for t in tasks]
-        gen = self.engine.generate(
-            prompts, samples_per_prompt=ro.samples_per_prompt,
-            max_new_tokens=self.env.max_new_tokens(), temperature=ro.temperature,
-            generator=self.gen,
-        )
-        t_gen = time.time()
-        latency = self.ctx.flow.env.turn_latency_ms / 1000.0
-        if latency > 0:
-            # Modelled environment/tool wait for this turn; the batch's episodes
-            # wait concurrently, as they would on async tool calls.
-            time.sleep(latency)
-        t_env = time.time()
+        actor = _Actor(self)
+        parts = self.workflow.episodes(tasks, actor)
+        t_roll = time.time()
         now = datetime.now(UTC)
-        rows = []
-        k = ro.samples_per_prompt
         batch_tag = uuid.uuid4().hex[:12]  # unique across restarts of this worker id
-        for i, (comp, lps) in enumerate(zip(gen.completions, gen.logprobs, strict=True)):
-            task = tasks[i // k]
-            group = f"{self.worker_id}-{batch_tag}-{i // k}"
-            rows.append({
-                "traj_id": uuid.uuid4().hex, "group_id": group, "policy": self.policy,
-                "behavior_version": self.version, "prompt_ids": prompts[i // k],
-                "completion_ids": comp, "behavior_logprobs": lps, "loss_mask": [1] * len(comp),
-                "reward": self.env.reward(task, codec.decode(comp)), "env": self.env.name,
-                "task_id": task.task_id, "worker": self.worker_id, "region": self.region,
-                "created_at": now, "extras": self.extras,
+        rows: dict[str, list[dict]] = {p: [] for p in self.policies}
+        for part in parts:
+            policy = self.cast[part.role]
+            rows[policy].append({
+                "traj_id": uuid.uuid4().hex, "group_id": f"{self.worker_id}-{batch_tag}-{part.group}",
+                "policy": policy, "behavior_version": self.versions[policy],
+                "prompt_ids": part.prompt_ids, "completion_ids": part.completion_ids,
+                "behavior_logprobs": part.logprobs, "loss_mask": part.loss_mask,
+                "reward": part.reward, "env": self.env.name, "task_id": part.task_id,
+                "worker": self.worker_id, "region": self.region, "created_at": now,
+                "extras": json.dumps({"host": self.host, "role": part.role}),
             })
-        self.traj.append(self.policy, rows)
-        t_end = time.time()
         self.batches += 1
-        self.ledger.log("rollout", self.policy, self.batches, {
-            "gen_s": t_gen - t0, "env_wait_s": t_env - t_gen, "append_s": t_end - t_env,
-            "backpressure_s": self.last_wait_s, "rows": len(rows),
-            "reward_mean": sum(r["reward"] for r in rows) / len(rows),
-        })
-        return len(rows)
+        total = 0
+        for policy, prow in rows.items():
+            if not prow:
+                raise RuntimeError(f"workflow {self.ctx.flow.workflow.name!r} produced no part "
+                                   f"for policy {policy!r} in a batch")
+            t_a = time.time()
+            self.traj.append(policy, prow)
+            total += len(prow)
+            self.ledger.log("rollout", policy, self.batches, {
+                "gen_s": actor.gen_s[policy], "env_wait_s": actor.env_wait_s,
+                "append_s": time.time() - t_a, "batch_s": t_roll - t0,
+                "backpressure_s": self.last_wait_s, "rows": len(prow),
+                "reward_mean": sum(r["reward"] for r in prow) / len(prow),
+            })
+        return total
 
     def run(self, *, max_batches: int | None = None, deadline: float | None = None,
             should_stop=lambda: False) -> int:
@@ -173,6 +233,6 @@ class RolloutWorker:
                 break
             n = self.produce_batch()
             if self.batches % 20 == 0:
-                log.info("%s: %d batches, last %d rows with v%s", self.worker_id, self.batches, n,
-                         self.version)
+                log.info("%s: %d batches, last %d rows with %s", self.worker_id, self.batches, n,
+                         ", ".join(f"{p} v{v}" for p, v in self.versions.items()))
         return self.batches

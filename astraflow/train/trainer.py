@@ -60,7 +60,10 @@ class Trainer:
         self.weights = ctx.weights()
         self.ledger = ctx.ledger()
         self.checkpoints = ctx.checkpoints()
-        self.stages = [(s.name, dict(s.params)) for s in ctx.flow.stages]
+        self.stages = [(s.name, dict(s.params)) for s in ctx.flow.stages_for(self.policy)]
+        self.batch_rows = ctx.flow.batch_rows(self.policy)
+        self.others = [p for p in ctx.flow.policy_names() if p != self.policy]
+        self.publish_pending = False
         self._restore()
         self._last_step_end = time.time()
 
@@ -91,6 +94,7 @@ class Trainer:
             self.step, self.cursor = m["steps_done"], m["cursor"]
             self.rows_consumed, self.optimizer_steps = m["rows_consumed"], m["optimizer_steps"]
             self.version = m["weight_version"]
+            self.publish_pending = bool(m.get("publish_pending", False))
         self._checkpointed = self.step
         effective = replay(self.ledger.history(self.policy)).effective
         recorded = effective[-1].step + 1 if effective else 0
@@ -116,9 +120,28 @@ class Trainer:
 
     def poll(self) -> Slice | None:
         """Whole commits after the cursor, at least one batch of rows."""
-        batch = self.ctx.flow.batch_rows()
+        batch = self.batch_rows
         return self.traj.read_after(self.policy, self.cursor, min_rows=batch, max_rows=batch,
                                     columns=COLUMNS)
+
+    def barrier_open(self) -> bool:
+        """With `trainer.version_barrier`: may we publish version N+1, i.e. has every
+        other policy published N? (Their progress files say; no listing needed.)"""
+        if not self.ctx.flow.trainer.version_barrier or not self.others:
+            return True
+        for other in self.others:
+            progress = self.ledger.progress(other)
+            if progress is None or progress.weight_version < self.version:
+                return False
+        return True
+
+    def maybe_publish(self) -> float | None:
+        """Publish if one is due and the barrier allows; returns seconds taken, or None.
+        A publish held back by the barrier stays due: training goes on meanwhile."""
+        if not self.publish_pending or not self.barrier_open():
+            return None
+        self.publish_pending = False
+        return self._publish()
 
     def train_on(self, sl: Slice) -> StepResult:
         t0 = time.time()
@@ -142,7 +165,10 @@ class Trainer:
             metrics.update(self._optimize(rows))
             self.optimizer_steps += 1
             if self.optimizer_steps % self.spec.algorithm.publish_every == 0:
-                metrics["publish_s"] = self._publish()
+                self.publish_pending = True
+        took = self.maybe_publish()
+        if took is not None:
+            metrics["publish_s"] = took
         self.ledger.record(LedgerEntry(
             policy=self.policy, step=self.step, cursor_start=sl.start, cursor_end=sl.end,
             rows_read=sl.num_rows, rows_used=rows.num_rows, rows_stale=stale,
@@ -173,7 +199,8 @@ class Trainer:
         t0 = time.time()
         files, meta = checkpoint.capture(self.model, self.opt, {
             "steps_done": self.step, "cursor": self.cursor, "weight_version": self.version,
-            "rows_consumed": self.rows_consumed, "optimizer_steps": self.optimizer_steps})
+            "rows_consumed": self.rows_consumed, "optimizer_steps": self.optimizer_steps,
+            "publish_pending": self.publish_pending})
         self.checkpoints.save(self.policy, self.step, files, meta)
         self.checkpoints.prune(self.policy, self.ctx.flow.trainer.keep_checkpoints)
         self._checkpointed = self.step
@@ -222,6 +249,8 @@ class Trainer:
                 break
             sl = self.poll()
             if sl is None:
+                if self.maybe_publish() is not None:  # the barrier opened while we waited
+                    self._write_progress()
                 time.sleep(poll)
                 continue
             res = self.train_on(sl)

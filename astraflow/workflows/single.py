@@ -1,0 +1,36 @@
+"""`single`: one policy answers each task; reward 1 for the exact answer."""
+
+from __future__ import annotations
+
+import random
+from typing import ClassVar
+
+from astraflow.envs.math import Task
+from astraflow.workflows.base import Actor, EvalItem, Part, Workflow
+
+
+class SingleTurn(Workflow):
+    roles: ClassVar[tuple[str, ...]] = ("solver",)
+
+    def episodes(self, tasks: list[Task], actor: Actor) -> list[Part]:
+        prompts = [self.codec.encode(t.prompt) for t in tasks]
+        gen = actor.generate("solver", prompts, samples=self.k,
+                             max_new_tokens=self.max_new_tokens("solver"))
+        actor.env_wait()
+        parts = []
+        for i, (comp, lps) in enumerate(zip(gen.completions, gen.logprobs, strict=True)):
+            t = tasks[i // self.k]
+            parts.append(Part.own_turn("solver", t.task_id, f"t{i // self.k}", prompts[i // self.k],
+                                       comp, lps, self.env.reward(t, self.codec.decode(comp))))
+        return parts
+
+    def sft_example(self, role: str, rng: random.Random) -> tuple[str, str]:
+        t = self.env.sample(rng)
+        return t.prompt, t.answer
+
+    def eval_items(self, role: str, n: int) -> list[EvalItem]:
+        return [EvalItem(t.prompt, lambda text, t=t: self.env.reward(t, text) == 1.0)
+                for t in self.env.eval_tasks(n)]
+
+    def max_new_tokens(self, role: str) -> int:
+        return self.env.max_new_tokens()

@@ -1,0 +1,152 @@
+"""Several policies in one flow: episode rows, masks, per-policy trainers, the barrier."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import defaultdict
+
+import pytest
+
+from astraflow.envs.math import MathEnv
+from astraflow.flow import FlowError, parse_flow
+from astraflow.models.tokenizer import CharCodec
+from astraflow.rollout.worker import RolloutWorker
+from astraflow.run import RESOLVED, RunContext
+from astraflow.sync import run_sync
+from astraflow.train.trainer import Trainer
+
+TINY = {"hidden_size": 64, "layers": 2, "heads": 2, "intermediate_size": 128}
+
+
+def make_ctx(tmp_path, tiny_policy_dir, **extra) -> RunContext:
+    flow = parse_flow({
+        "name": "mp", "policies": [{"name": "solver", "model": TINY},
+                                   {"name": "verifier", "model": TINY}],
+        "workflow": {"name": "solver_verifier"},
+        "env": {"digits": 2, "eval_size": 20},
+        "rollout": {"prompts_per_batch": 3, "samples_per_prompt": 4, "max_backlog_batches": 4},
+        "stages": [{"name": "group_advantages"}],
+        **extra,
+    })
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RESOLVED).write_text(flow.dump())
+    ctx = RunContext(flow, run)
+    ws = ctx.weights()
+    for p in flow.policy_names():
+        st = ws.staging_dir(p)
+        for f in tiny_policy_dir.iterdir():
+            shutil.copy(f, st)
+        ws.publish(p, st, step=0, version=0)
+    return ctx
+
+
+def test_episode_rows_land_in_each_policys_table_with_its_own_mask(tmp_path, tiny_policy_dir):
+    ctx = make_ctx(tmp_path, tiny_policy_dir)
+    w = RolloutWorker(ctx, "wA")
+    assert w.refresh_weights() and w.versions == {"solver": 0, "verifier": 0}
+    traj = ctx.trajectories()
+    before = {p: traj.latest_version(p) for p in ("solver", "verifier")}
+    assert w.produce_batch() == 3 * 4 * 2
+    solver = traj.read_range("solver", 0, 10**9).to_pylist()
+    verifier = traj.read_range("verifier", 0, 10**9).to_pylist()
+    assert len(solver) == len(verifier) == 12
+    assert {p: traj.latest_version(p) - v for p, v in before.items()} == {"solver": 1, "verifier": 1}
+    assert {r["policy"] for r in solver} == {"solver"} and {r["policy"] for r in verifier} == {"verifier"}
+    assert {json.loads(r["extras"])["role"] for r in verifier} == {"verifier"}
+
+    codec, env = CharCodec.default(), MathEnv(digits=2)
+    answers: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    for r in solver:  # the solver's part: its answer, every token its own
+        assert r["loss_mask"] == [1] * len(r["completion_ids"]) and len(r["completion_ids"]) > 0
+        assert len(r["behavior_logprobs"]) == len(r["completion_ids"])
+        text = codec.decode(r["completion_ids"])
+        task = next(t for t in [env._task(int(r["task_id"][:2]), int(r["task_id"][3:]))])
+        assert r["reward"] == env.reward(task, text)
+        answers[r["task_id"]].append((text, r["reward"]))
+    judged: dict[str, list[str]] = defaultdict(list)
+    for r in verifier:
+        comp, mask, lps = r["completion_ids"], r["loss_mask"], r["behavior_logprobs"]
+        own = [i for i, m in enumerate(mask) if m]
+        # Context first (the solver's answer and "?": not the verifier's, masked out), then
+        # the verifier's own judgement tokens at the end.
+        assert own and own == list(range(own[0], len(comp)))
+        assert all(lps[i] == 0.0 for i in range(own[0]))
+        assert all(lps[i] < 0.0 or lps[i] == 0.0 for i in own)
+        context = codec.decode(comp[: own[0]])
+        assert context.endswith("?")
+        assert codec.decode(r["prompt_ids"]) == r["task_id"] + "="  # the task is its prompt
+        said = codec.decode(comp[own[0]:]).strip()
+        right = dict(answers[r["task_id"]])[context[:-1]]
+        assert r["reward"] == float((said == "Y" and right == 1.0) or (said == "N" and right == 0.0))
+        judged[r["task_id"]].append(context[:-1])
+    # Each verifier row judges one of the solver's answers to that very task.
+    assert {t: sorted(v) for t, v in judged.items()} == \
+        {t: sorted(a for a, _ in v) for t, v in answers.items()}
+    # GRPO groups: per task, never mixing the two policies' parts.
+    assert len({r["group_id"] for r in solver}) == len({r["group_id"] for r in verifier}) == 3
+
+    # The verifier's trainer learns from its own tokens only.
+    tr = Trainer(ctx, "verifier")
+    sl = tr.poll()
+    assert sl is not None and sl.num_rows == 12
+    res = tr.train_on(sl)
+    assert res.metrics["tokens"] == sum(sum(r["loss_mask"]) for r in verifier)
+    assert tr.version == 1 and ctx.weights().latest("solver") == 0  # its own weight stream
+
+
+def test_one_policy_can_play_two_roles(tmp_path, tiny_policy_dir):
+    flow = parse_flow({"name": "self", "policies": [{"name": "solo", "model": TINY}],
+                       "workflow": {"name": "solver_verifier", "params": {"judge_samples": 2}},
+                       "env": {"digits": 2},
+                       "rollout": {"prompts_per_batch": 2, "samples_per_prompt": 2}})
+    assert flow.role_map() == {"solver": "solo", "verifier": "solo"}
+    assert flow.batch_rows("solo") == 2 * 2 + 2 * 2 * 2  # answers + two judgements of each
+
+
+def test_flow_errors_name_the_fix():
+    base = {"name": "x", "workflow": {"name": "solver_verifier"}}
+    with pytest.raises(FlowError, match=r"needs a policy for role\(s\) \['verifier'\]"):
+        parse_flow({**base, "policies": [{"name": "solver"}, {"name": "judge"}]})
+    with pytest.raises(FlowError, match=r"\['b'\] play no role"):
+        parse_flow({"name": "x", "policies": [{"name": "solver"}, {"name": "b"}]})
+    with pytest.raises(FlowError, match="unknown workflow 'nope'"):
+        parse_flow({"name": "x", "policies": [{"name": "a"}], "workflow": {"name": "nope"}})
+    with pytest.raises(FlowError, match="init_from"):
+        parse_flow({**base, "policies": [{"name": "solver", "warm_start": {"init_from": "verifier"}},
+                                         {"name": "verifier"}]})
+    ok = parse_flow({**base, "policies": [{"name": "solver"}, {"name": "judge"}],
+                     "workflow": {"name": "solver_verifier", "roles": {"verifier": "judge"}}})
+    assert ok.role_map() == {"solver": "solver", "verifier": "judge"}
+    four = parse_flow({**base, "workflow": {"name": "solver_verifier", "params": {"verifiers": 3}},
+                       "policies": [{"name": n} for n in
+                                    ("solver", "verifier", "verifier_2", "verifier_3")]})
+    assert four.policy_names() == ["solver", "verifier", "verifier_2", "verifier_3"]
+
+
+def test_version_barrier_holds_a_trainer_until_the_others_publish(tmp_path, tiny_policy_dir):
+    ctx = make_ctx(tmp_path, tiny_policy_dir, trainer={"version_barrier": True})
+    w = RolloutWorker(ctx, "wA")
+    w.refresh_weights()
+    for _ in range(3):
+        w.produce_batch()
+    solver, verifier = Trainer(ctx, "solver"), Trainer(ctx, "verifier")
+    solver.train_on(solver.poll())
+    assert solver.version == 1  # every other policy is at v0: v1 may go out
+    solver.train_on(solver.poll())
+    assert solver.version == 1 and solver.publish_pending  # v2 waits for the verifier's v1
+    assert solver.step == 2  # ...but training went on
+    verifier.train_on(verifier.poll())
+    assert verifier.version == 1
+    assert solver.maybe_publish() is not None and solver.version == 2
+
+
+def test_sync_baseline_steps_every_policy_each_iteration(tmp_path, tiny_policy_dir):
+    ctx = make_ctx(tmp_path, tiny_policy_dir, stop={"max_steps": 3})
+    assert run_sync(ctx) == 3
+    for p in ("solver", "verifier"):
+        entries = ctx.ledger().entries(p)
+        assert [e.step for e in entries] == [0, 1, 2]
+        assert ctx.weights().latest(p) == 3
+        assert ctx.checkpoints().latest(p) is not None
