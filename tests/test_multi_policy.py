@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from collections import defaultdict
 
 import pytest
+import yaml
 
 from astraflow.envs.math import MathEnv
 from astraflow.flow import FlowError, parse_flow
@@ -150,3 +156,94 @@ def test_sync_baseline_steps_every_policy_each_iteration(tmp_path, tiny_policy_d
         assert [e.step for e in entries] == [0, 1, 2]
         assert ctx.weights().latest(p) == 3
         assert ctx.checkpoints().latest(p) is not None
+
+
+def test_a_full_policy_sheds_its_rows_and_never_stalls_the_others(tmp_path, tiny_policy_dir):
+    ctx = make_ctx(tmp_path, tiny_policy_dir)  # max_backlog_batches: 4
+    traj = ctx.trajectories()
+    w = RolloutWorker(ctx, "wA")
+    w.refresh_weights()
+    for _ in range(4):  # nobody trains: both backlogs fill up
+        w.produce_batch()
+    t0 = time.time()
+    assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 1.0) >= 1.0  # all full: wait
+    solver = Trainer(ctx, "solver")  # the verifier's trainer is down; the solver's trains
+    solver.train_on(solver.poll())
+    assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 10.0) < 5.0
+    assert w.open == {"solver"}
+    before = traj.count("verifier")
+    assert w.produce_batch() == 12  # the solver's rows only
+    assert traj.count("verifier") == before and traj.count("solver") == 5 * 12
+    shed = [r for r in ctx.ledger().read_metrics(names=["rows_shed"]).to_pylist()
+            if r["policy"] == "verifier"]
+    assert [r["value"] for r in shed][-1] == 12
+
+
+MP_FLOW = {
+    "name": "mpk",
+    "policies": [{"name": "solver", "model": TINY, "warm_start": {"max_steps": 0}},
+                 {"name": "verifier", "model": TINY, "warm_start": {"max_steps": 0}}],
+    "workflow": {"name": "solver_verifier"},
+    "env": {"digits": 2, "eval_size": 40},
+    "rollout": {"workers": 1, "prompts_per_batch": 4, "samples_per_prompt": 4,
+                "max_backlog_batches": 2},
+    "trainer": {"checkpoint_every": 4},
+    "stages": [{"name": "staleness", "params": {"max_versions": 4}}, {"name": "group_advantages"}],
+    "stop": {"max_steps": 40, "max_minutes": 6, "eval_every_s": 5, "live_eval_size": 20},
+}
+
+
+@pytest.mark.slow
+def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path):
+    from tests.test_kill import pid_of, stop_run, wait_until
+
+    flow = tmp_path / "mpk.yaml"
+    flow.write_text(yaml.safe_dump(MP_FLOW))
+    run = tmp_path / "runs" / "mpk"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "astraflow.cli", "run", str(flow), "--runs", str(tmp_path / "runs")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    def step(policy: str) -> int:
+        try:
+            return json.loads((run / "store" / "_progress" / f"{policy}.json").read_text())["step"]
+        except (FileNotFoundError, json.JSONDecodeError):
+            return -1
+
+    try:
+        # Kill mid-interval (a checkpoint follows every 4th step): the successor must roll
+        # back the steps it lost and train their rows again.
+        wait_until(lambda: step("verifier") >= 5 and step("verifier") % 4 in (1, 2), 240,
+                   "verifier step 5")
+        pid = pid_of(run, "trainer-verifier")
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        t_kill, verifier_at_kill = time.time(), step("verifier")
+        wait_until(lambda: pid_of(run, "trainer-verifier") not in (None, pid), 60, "restart")
+        wait_until(lambda: step("verifier") > verifier_at_kill, 120, "verifier resumed")
+        out, _ = launcher.communicate(timeout=400)
+    finally:
+        stop_run(launcher, run)
+    assert launcher.returncode == 0, out
+    ctx = RunContext.open(run)
+    history = ctx.ledger().history("verifier")
+    rollback = next(e for e in history if e.kind == "rollback")
+    resumed = min(e.time for e in history if e.kind == "step" and e.time > rollback.time)
+    # While the verifier's trainer was dead and restoring, the solver's kept stepping.
+    solver_meanwhile = [e for e in ctx.ledger().history("solver")
+                        if e.kind == "step" and t_kill < e.time < resumed]
+    assert len(solver_meanwhile) >= 1, (t_kill, resumed)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "max_steps"
+    assert summary["restarts"] == {"trainer-solver": 0, "trainer-verifier": 1, "rollout-0": 0}
+    assert set(summary["policies"]) == {"solver", "verifier"}
+    assert summary["policies"]["verifier"]["metric"] == "judgement accuracy"
+    audit = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run), "--json"],
+                           capture_output=True, text=True, timeout=120)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    counts = json.loads(audit.stdout)
+    for p in ("solver", "verifier"):
+        assert counts[p]["steps"] == 40 and counts[p]["duplicate_rows"] == 0
+        assert counts[p]["violations"] == 0
+    assert counts["verifier"]["rollbacks"] == 1 and counts["verifier"]["voided_steps"] >= 1
+    assert counts["solver"]["rollbacks"] == 0

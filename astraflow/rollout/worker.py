@@ -9,13 +9,16 @@
 It serves every policy the flow's workflow casts (a solver and a verifier, say)
 and reloads each one independently when its trainer publishes.
 
-Backpressure and staleness contract (per policy; it produces only when all pass):
-  * it waits while a policy's unconsumed backlog (table rows minus the rows its
-    trainer's progress file says it consumed) is at least `max_backlog_batches`
-    batches;
-  * it refuses to produce while its loaded weights of a policy trail the newest
-    published version by more than `max_weight_lag` (e.g. every newer version
-    failed verification), since such rows would only be dropped as stale.
+Backpressure and staleness contract, per policy. A policy is *open* when its
+unconsumed backlog (table rows minus the rows its trainer's progress file says
+it consumed) is below `max_backlog_batches` batches and the worker's weights of
+it trail the newest published version by at most `max_weight_lag` (more means
+every newer version failed verification: such rows would only be dropped as
+stale). The worker
+  * waits while no policy is open (or a role's policy has no weights at all);
+  * otherwise runs the episodes and appends each open policy's rows; a closed
+    policy's parts are shed (never written, counted as `rows_shed`), so one slow
+    or preempted trainer neither stalls the others nor buries itself in stale rows.
 Kill it at any instant: nothing is lost but the batch it had not committed.
 A batch is one commit per policy table; a kill between those commits leaves an
 episode's solver rows without its verifier rows, which each trainer, reading
@@ -106,6 +109,7 @@ class RolloutWorker:
         self.host = socket.gethostname()
         self.batches = 0
         self.last_wait_s = 0.0
+        self.open: set[str] = set(self.policies)  # policies whose rows the next batch appends
 
     @property
     def version(self) -> int | None:
@@ -170,11 +174,12 @@ class RolloutWorker:
                 and self.backlog_rows(progress, policy) < limit)
 
     def wait_for_room(self, should_stop=lambda: False, poll_s: float = 0.05) -> float:
-        """Block while any policy's backlog is full or its weights lag too far;
-        returns seconds waited."""
+        """Block until some policy is open and every policy has weights; returns seconds
+        waited. `self.open` then names the policies whose rows the next batch appends."""
         t0 = time.time()
         while not should_stop():
-            if all([self._room(p) for p in self.policies]):  # every policy checked (and reloaded)
+            self.open = {p for p in self.policies if self._room(p)}  # each checked, reloaded
+            if self.open and all(v is not None for v in self.versions.values()):
                 break
             time.sleep(poll_s)
         return time.time() - t0
@@ -210,13 +215,16 @@ class RolloutWorker:
             if not prow:
                 raise RuntimeError(f"workflow {self.ctx.flow.workflow.name!r} produced no part "
                                    f"for policy {policy!r} in a batch")
+            shed = policy not in self.open
             t_a = time.time()
-            self.traj.append(policy, prow)
-            total += len(prow)
+            if not shed:
+                self.traj.append(policy, prow)
+                total += len(prow)
             self.ledger.log("rollout", policy, self.batches, {
                 "gen_s": actor.gen_s[policy], "env_wait_s": actor.env_wait_s,
                 "append_s": time.time() - t_a, "batch_s": t_roll - t0,
-                "backpressure_s": self.last_wait_s, "rows": len(prow),
+                "backpressure_s": self.last_wait_s, "rows": 0 if shed else len(prow),
+                "rows_shed": len(prow) if shed else 0,
                 "reward_mean": sum(r["reward"] for r in prow) / len(prow),
             })
         return total
