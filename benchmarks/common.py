@@ -1,37 +1,45 @@
-"""Shared by the benchmarks: one warm-started version 0 that every run starts from."""
+"""Shared by the benchmarks: one warm-started version 0 per policy that every run starts from."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
 from astraflow.flow import load_flow
 from astraflow.local import prepare_run, publish_version0
-from astraflow.run import RunContext
+from astraflow.run import RESOLVED, RunContext
 
 
-def version0(flow_path: str, root: Path, console: Console) -> Path:
-    """Warm-start once; every benchmark run starts from these exact weights."""
-    spec = load_flow(flow_path, {"name": "bench-v0"})
-    done = root / "bench-v0" / "weights" / spec.policy.name / "v00000000"
-    if (done / "MANIFEST.json").exists():  # delete runs/bench to warm-start again
-        console.print(f"reusing version 0 from {done}")
-        return done
+def version0(flow_path: str, root: Path, console: Console,
+             overrides: dict[str, Any] | None = None) -> dict[str, Path]:
+    """Warm-start every policy of the flow once; every benchmark run starts from these
+    exact weights. Cached under `root/v0-<flow name>/` while the flow is unchanged."""
+    base = load_flow(flow_path, overrides)
+    spec = load_flow(flow_path, {**(overrides or {}), "name": f"v0-{base.name}"})
+    run_dir = root / spec.name
+    out = {p: Path(RunContext(spec, run_dir).weights_root) / p / "v00000000"
+           for p in spec.policy_names()}
+    same = (run_dir / RESOLVED).exists() and (run_dir / RESOLVED).read_text() == spec.dump()
+    if same and all((d / "MANIFEST.json").exists() for d in out.values()):
+        console.print(f"reusing version 0 from {run_dir} (delete it to warm-start again)")
+        return out
     ctx = prepare_run(spec, root, overwrite=True)
     import torch
 
     torch.set_num_threads(2)
     publish_version0(ctx, console)
-    return Path(ctx.weights_root) / spec.policy.name / "v00000000"
+    return out
 
 
-def seed_version0(ctx: RunContext, v0: Path) -> None:
-    """Publish a copy of the cached version 0 into a fresh run's weight store."""
+def seed_version0(ctx: RunContext, v0: dict[str, Path]) -> None:
+    """Publish a copy of each cached version 0 into a fresh run's weight store."""
     ws = ctx.weights()
-    staging = ws.staging_dir(ctx.flow.policy.name)
-    for f in v0.iterdir():
-        if f.name != "MANIFEST.json":
-            shutil.copy2(f, staging / f.name)
-    ws.publish(ctx.flow.policy.name, staging, step=0, version=0)
+    for policy in ctx.flow.policy_names():
+        staging = ws.staging_dir(policy)
+        for f in v0[policy].iterdir():
+            if f.name != "MANIFEST.json":
+                shutil.copy2(f, staging / f.name)
+        ws.publish(policy, staging, step=0, version=0)

@@ -110,6 +110,7 @@ class RolloutWorker:
         self.batches = 0
         self.last_wait_s = 0.0
         self.open: set[str] = set(self.policies)  # policies whose rows the next batch appends
+        self.reload_s: dict[str, float] = defaultdict(float)
 
     @property
     def version(self) -> int | None:
@@ -130,6 +131,7 @@ class RolloutWorker:
         held = self.versions[policy]
         if latest is None or latest == held:
             return False
+        t0 = time.time()  # the reload: fetch (S3), verify sha256, swap into the engine
         try:
             path = self.weights.load(policy, latest)
         except TamperedWeights as err:
@@ -150,6 +152,7 @@ class RolloutWorker:
                      latest, err)
             return False
         self.versions[policy] = latest
+        self.reload_s[policy] += time.time() - t0  # reported with the next batch
         return True
 
     # -- backpressure --------------------------------------------------------
@@ -224,7 +227,7 @@ class RolloutWorker:
                 "gen_s": actor.gen_s[policy], "env_wait_s": actor.env_wait_s,
                 "append_s": time.time() - t_a, "batch_s": t_roll - t0,
                 "backpressure_s": self.last_wait_s, "rows": 0 if shed else len(prow),
-                "rows_shed": len(prow) if shed else 0,
+                "rows_shed": len(prow) if shed else 0, "reload_s": self.reload_s.pop(policy, 0.0),
                 "reward_mean": sum(r["reward"] for r in prow) / len(prow),
             })
         return total

@@ -1,0 +1,569 @@
+"""Project seconds per iteration on a GPU cluster from step times measured here.
+
+The paper's claim (Solver + Verifier, 212.6 s vs 77.7 s per iteration, 2.74x) is
+about a cluster we do not have. So we measure each component's step time on our
+machine and replay the two designs' dependencies in a deterministic
+discrete-event simulation. Every number is a measured input or a stated
+assumption (`assumptions()`); nothing is fitted to the paper.
+
+Async (decoupled; what our code does). R workers, one device each; one trainer
+per policy on G devices; they meet only in the store:
+
+    worker k: wait_for_room ─► gen p1 ─► env ─► gen p2 .. pn ─► env ─► append open p ─┐
+       ▲ one check = for EVERY policy p in turn: read p's progress file; if it names  │
+       │ a version we do not hold, reload p (reload_s, inside the check); then open?  │
+       │ (backlog[p] = appended - completed < B). None open: sleep poll_s after the   │
+       │ check ended and check again. Else produce: every policy generates its turns  │
+       │ (the episode needs them all), but only the rows of the policies open at that │
+       │ check are appended (append_s each); a closed policy's rows are SHED.         │
+       └──────────────────────────────────────────────────────────────────────────────┘
+                      rows ▼                 ▲ progress file: version + consumed rows
+    trainer p: poll table ─► step train_s / speedup(G) ─► publish (every k-th) ─► progress
+               ─► checkpoint (every c-th step, blocks this trainer only) ─► poll again
+
+Sync (trainer-centred baseline). D colocated devices, one phase at a time:
+
+    reload changed ─► gen p1 / speedup(D) ─► env ─► gen p2 .. pn / speedup(D) ─► env
+        ─► append all ─► for each policy: train / speedup(D) [─► publish] [─► checkpoint]
+
+Env waits per batch are the workflow's: `single` waits once (after the solver's
+turn), `solver_verifier` twice (after the solver's turn, and once after all
+verifiers judged: their waits overlap), however many verifiers it has
+(`Measured.env_waits` overrides this).
+
+Assumptions (figures: `assumptions(m, c)`): step times are deterministic and
+identical for every batch; a batch split over g > 1 devices takes t / (g * eff);
+env/tool wait does not shrink with hardware; publish, reload, checkpoint and
+append are never split and cost exactly their measured time (no extra network
+transfer, no store contention); async generation never splits a batch; an
+iteration is one trainer step of every policy, and a step is worth the same in
+both designs (staleness is not modelled); no failures or restarts; no version
+barrier. Workers start together and, with identical times, stay in phase, so
+their appends arrive in bursts; the backpressure check precedes generation, so
+it can overshoot (R workers passing together at backlog B - 1 leave B - 1 + R)
+and then bind. Backpressure is per policy: a slow trainer closes only its own
+policy, whose rows are then shed while the workers keep feeding the others, so
+a fast trainer steps at the workers' pace and the slow one sets the iteration;
+workers wait only while every policy is closed. It can also starve a trainer:
+the batch being trained still counts as backlog (until its progress is
+written), so with max_backlog_batches=2 a trainer mostly finds at most one batch
+queued when it finishes, and if a worker's batch takes longer than a step, the
+trainer waits.
+A reload costs a worker time only when it is not already blocked: it happens in
+the check, so a version that appears while the worker waits for room is loaded
+in the wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+from collections.abc import Callable, Generator
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+PAPER = {"sync_s_per_iteration": 212.6, "async_s_per_iteration": 77.7, "ratio": 2.74}
+
+
+def _time(owner: str, name: str, v: Any, *, positive: bool = False) -> None:
+    if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+            or v < 0 or (positive and v == 0)):
+        raise ValueError(f"{owner}.{name} must be a finite number {'>' if positive else '>='} 0 "
+                         f"(seconds), got {v!r}")
+
+
+def _count(owner: str, name: str, v: Any, minimum: int = 1) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ValueError(f"{owner}.{name} must be an integer >= {minimum}, got {v!r}")
+
+
+def _build(cls: type, d: Any, **override: Any) -> Any:
+    """`cls(**d)` with unknown or missing keys reported as ValueError."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{cls.__name__}: expected a JSON object, got {type(d).__name__}")
+    known = {f.name for f in fields(cls)}
+    if unknown := sorted(set(d) - known):
+        raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known: {sorted(known)}")
+    try:
+        return cls(**{**d, **override})
+    except TypeError as err:
+        raise ValueError(f"{cls.__name__}: {err}") from None
+
+
+@dataclass(frozen=True)
+class PolicyTimes:
+    """One policy's measured step times (on our machine, one device each)."""
+
+    name: str
+    gen_s: float  # measured: this policy's turns of ONE batch on one rollout device
+    train_s: float  # measured: one trainer step on one batch, one training device
+    publish_s: float  # measured: save + publish one weight version (blocks the trainer)
+    reload_s: float  # measured: a rollout worker loads one new version of this policy
+    publish_every: int = 1  # optimizer steps between publishes
+    checkpoint_s: float = 0.0  # measured: one checkpoint (blocks the trainer); how often: Cluster
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"PolicyTimes.name must be a non-empty string, got {self.name!r}")
+        for f in ("gen_s", "train_s", "publish_s", "reload_s", "checkpoint_s"):
+            _time(f"PolicyTimes({self.name})", f, getattr(self, f))
+        _count(f"PolicyTimes({self.name})", "publish_every", self.publish_every)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PolicyTimes:
+        return _build(cls, d)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Everything measured: per-policy times plus env wait and per-table append.
+
+    `env_waits` is how many env waits one batch has; the workflow decides it. None
+    means the built-in workflows' count: 1 with one policy (`single`: after the
+    solver's turn), else 2 (`solver_verifier`: after the solver's turn, then once
+    after all verifiers judged, however many: their waits overlap). The first wait
+    follows the first policy's turn, the rest follow all turns (`batch_phases`)."""
+
+    policies: tuple[PolicyTimes, ...]  # turn order within an episode (solver first)
+    env_wait_s: float = 0.0  # modelled env/tool wait, each; hardware does not shrink it
+    append_s: float = 0.0  # appending one batch to one policy's table (one commit)
+    env_waits: int | None = None  # env waits per batch; None: 1 if one policy else 2
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policies", tuple(self.policies))
+        if not self.policies or not all(isinstance(p, PolicyTimes) for p in self.policies):
+            raise ValueError("Measured.policies must be a non-empty sequence of PolicyTimes")
+        if len({p.name for p in self.policies}) != len(self.policies):
+            raise ValueError(f"Measured.policies: names repeat: {[p.name for p in self.policies]}")
+        _time("Measured", "env_wait_s", self.env_wait_s)
+        _time("Measured", "append_s", self.append_s)
+        if self.env_waits is not None:
+            _count("Measured", "env_waits", self.env_waits, minimum=0)
+
+    def waits_per_batch(self) -> int:
+        """`env_waits`, or the built-in workflows' count when it is None."""
+        if self.env_waits is not None:
+            return self.env_waits
+        return 1 if len(self.policies) == 1 else 2
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Measured:
+        pols = d.get("policies") if isinstance(d, dict) else None
+        if not isinstance(pols, list | tuple):
+            raise ValueError("Measured: 'policies' must be a list of policy objects")
+        return _build(cls, d, policies=tuple(PolicyTimes.from_dict(p) for p in pols))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "policies": [asdict(p) for p in self.policies]}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The assumed cluster and the code's own knobs (backpressure, poll intervals)."""
+
+    rollout_devices: int = 4  # async: independent rollout workers, one device each
+    trainer_devices: int = 2  # async: devices per policy trainer (data parallel)
+    sync_devices: int = 8  # sync baseline: all colocated, every phase uses all of them
+    scaling_efficiency: float = 1.0  # one batch over g>1 devices: t / (g * eff); 1.0 favours sync
+    max_backlog_batches: int = 2  # worker backpressure
+    worker_poll_s: float = 0.05  # worker sleeps this long after a failed backpressure check
+    trainer_poll_s: float = 0.02  # trainer re-checks for a full batch this often while idle
+    checkpoint_every: int = 10  # trainer.checkpoint_every: every trainer, every c-th step
+
+    def __post_init__(self) -> None:
+        for f in ("rollout_devices", "trainer_devices", "sync_devices", "max_backlog_batches",
+                  "checkpoint_every"):
+            _count("Cluster", f, getattr(self, f))
+        _time("Cluster", "scaling_efficiency", self.scaling_efficiency, positive=True)
+        if self.scaling_efficiency > 1:
+            raise ValueError(f"Cluster.scaling_efficiency must be in (0, 1], got "
+                             f"{self.scaling_efficiency!r}")
+        _time("Cluster", "worker_poll_s", self.worker_poll_s, positive=True)
+        _time("Cluster", "trainer_poll_s", self.trainer_poll_s, positive=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Cluster:
+        return _build(cls, d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def speedup(g: int, eff: float) -> float:
+    """Splitting one batch over g devices: 1 on one device, else g * eff."""
+    return 1.0 if g == 1 else g * eff
+
+
+def batch_phases(m: Measured, g: float = 1.0) -> list[float]:
+    """One batch's episodes, in order: the first policy's turn, an env wait, every other
+    policy's turn, then the remaining env waits (generation sped up g times). Where the
+    later waits fall among the later turns does not change a batch's length."""
+    first, *rest = m.policies
+    waits = m.waits_per_batch()
+    return [first.gen_s / g, *[m.env_wait_s] * min(waits, 1), *(p.gen_s / g for p in rest),
+            *[m.env_wait_s] * max(waits - 1, 0)]
+
+
+@dataclass
+class SimResult:
+    """One design's steady-state figure and where its time went."""
+
+    design: str  # "async" | "sync"
+    seconds_per_iteration: float
+    steps: dict[str, int]  # per policy, in the measured window
+    trainer_busy_fraction: dict[str, float]  # of the window spent step/publish/checkpoint
+    # async: mean share of the window workers sat idle in wait_for_room (polling or sleeping;
+    # reloads done inside its checks are work and are not counted)
+    worker_blocked_fraction: float
+    # async: per policy, the share of the batches produced in the window (finished in it)
+    # whose rows for that policy were shed (policy closed at the batch's check); sync: 0
+    shed_fraction: dict[str, float]
+    # per policy, the most batches ever appended but not yet trained (whole run, warm-up
+    # included): at most max_backlog_batches - 1 + rollout_devices in async; sync: 1
+    peak_backlog: dict[str, int]
+
+
+@dataclass
+class Projection:
+    """Both designs on the same inputs, their ratio and the assumptions behind it."""
+
+    measured: Measured
+    cluster: Cluster
+    sync_result: SimResult
+    async_result: SimResult
+    ratio: float  # sync / async seconds per iteration
+    assumptions: list[str]
+
+
+# -- event loop ------------------------------------------------------------------
+_WORK, _CHECK = 0, 1  # at equal times, work that ends (and changes state) precedes checks
+
+
+@dataclass(frozen=True)
+class _Wait:
+    """Yielded by an actor: resume once `ready()` holds, polling every `poll_s`."""
+
+    ready: Callable[[], bool]
+    poll_s: float
+
+
+_NOW = _Wait(lambda: True, 1.0)  # resume at once, but after all work ending this instant
+
+
+class _Actor:
+    def __init__(self, gen: Generator[float | _Wait, None, None]) -> None:
+        self.gen, self.wait = gen, _Wait(lambda: True, 1.0)
+        self.start, self.tick, self.blocked, self.pending = 0.0, 0, False, False
+
+
+class _Engine:
+    """Actors are generators yielding a duration (work) or a `_Wait` (poll loop).
+
+    A blocked actor re-checks at start + k * poll_s exactly as a sleep loop would,
+    but a tick is only simulated when some work ended since its last check (state
+    only changes then), so long waits cost no events. Ties: (time, work before
+    check, insertion order): deterministic, no randomness."""
+
+    def __init__(self) -> None:
+        self.now, self._heap, self._seq, self._actors = 0.0, [], 0, []
+
+    def spawn(self, gen: Generator[float | _Wait, None, None]) -> None:
+        self._actors.append(a := _Actor(gen))
+        self._advance(a)
+
+    def _push(self, t: float, kind: int, a: _Actor) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, kind, self._seq, a))
+
+    def _advance(self, a: _Actor) -> None:
+        cmd = next(a.gen)
+        if isinstance(cmd, _Wait):
+            a.wait, a.blocked, a.pending = cmd, False, True
+            self._push(self.now, _CHECK, a)  # check after all work ending now
+        else:
+            self._push(self.now + cmd, _WORK, a)
+
+    def run(self, done: Callable[[], bool], max_events: int = 5_000_000) -> None:
+        """Run until `done()` holds and everything due at that instant has run too."""
+        for _ in range(max_events):
+            if done() and (not self._heap or self._heap[0][0] > self.now):
+                return
+            t, kind, _, a = heapq.heappop(self._heap)
+            self.now = t
+            if kind == _CHECK:
+                a.pending = False
+                if not a.wait.ready():
+                    if not a.blocked:
+                        a.blocked, a.start, a.tick = True, t, 0
+                    continue  # a failed check changes nothing: nobody else re-checks
+                a.blocked = False
+            self._advance(a)
+            for b in self._actors:  # state may have changed: blocked actors check at next tick
+                if b.blocked and not b.pending:
+                    p = b.wait.poll_s
+                    b.tick = max(b.tick + 1, math.ceil((self.now - b.start) / p - 1e-9))
+                    b.pending = True
+                    self._push(max(self.now, b.start + b.tick * p), _CHECK, b)
+        raise RuntimeError(f"simulation did not finish within {max_events} events")
+
+
+def _overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
+
+
+def _check_run(iterations: int, warmup: int) -> None:
+    _count("simulate", "iterations", iterations)
+    _count("simulate", "warmup", warmup, minimum=0)
+
+
+def simulate_async(m: Measured, c: Cluster, iterations: int = 200, warmup: int = 20) -> SimResult:
+    """Decoupled design, with the dependencies the code has (see module docstring).
+
+    Seconds per iteration = window / `iterations`, where the window runs from the
+    slowest policy's `warmup`-th to its (`warmup` + `iterations`)-th completed step
+    (slowest: the longest such window), so each of its counted steps lies wholly in
+    it and no trainer can appear faster than its step time. Other policies' steps
+    are counted in the same window, and so are the batches whose shed rows
+    `shed_fraction` counts (a batch counts when its last append ends). A step
+    completes when its progress is written."""
+    _check_run(iterations, warmup)
+    pols, n, eng = m.policies, len(m.policies), _Engine()
+    # What trainer i's progress file says (version, completed) and what its table holds.
+    appended, consumed, completed, version = [0] * n, [0] * n, [0] * n, [0] * n
+    done_at: list[list[float]] = [[] for _ in pols]
+    busy: list[list[tuple[float, float]]] = [[] for _ in pols]
+    idle: list[list[tuple[float, float]]] = [[] for _ in range(c.rollout_devices)]
+    open_since: dict[tuple[str, int], float] = {}  # intervals still running at the end
+    produced: list[tuple[float, list[int]]] = []  # (end of a batch, policies appended)
+    peak = [0] * n
+    full = c.max_backlog_batches
+
+    def worker(k: int) -> Generator[float | _Wait, None, None]:
+        held = [0] * n  # the versions this worker has loaded
+
+        def check() -> Generator[float | _Wait, None, list[int]]:
+            """One pass of wait_for_room's loop: `_room(p)` for EVERY policy, in turn;
+            returns the open ones (`self.open`)."""
+            opened = []
+            for i, p in enumerate(pols):
+                seen = completed[i]  # _room reads the progress file first
+                if version[i] != held[i]:  # it names a version we do not hold: load it now
+                    held[i] = version[i]
+                    yield p.reload_s
+                    yield _NOW  # see work ending at this very instant, as checks do
+                if appended[i] - seen < full:  # then counts the table's rows
+                    opened.append(i)
+            return opened
+
+        def check_differs() -> bool:
+            """Would a check now reload something or pass? Otherwise it would fail
+            instantly and change nothing, so the engine may skip it."""
+            return (any(version[i] != held[i] for i in range(n))
+                    or any(appended[i] - completed[i] < full for i in range(n)))
+
+        def waiting(cmd: float | _Wait) -> Generator[float | _Wait, None, None]:
+            open_since["w", k] = t0 = eng.now
+            yield cmd
+            idle[k].append((t0, eng.now))
+            del open_since["w", k]
+
+        while True:
+            # wait_for_room: check at once; while no policy is open, sleep poll_s, check again.
+            yield from waiting(_Wait(check_differs, c.worker_poll_s))
+            while not (opened := (yield from check())):
+                yield from waiting(c.worker_poll_s)  # the sleep starts when the check ended
+                yield from waiting(_Wait(check_differs, c.worker_poll_s))
+            # Every policy generates its turns, open or not: the episode needs them all.
+            yield from batch_phases(m)  # one device, the whole batch; shared state untouched
+            for i in opened:  # a closed policy's rows are shed: no append, no append_s
+                yield m.append_s
+                appended[i] += 1  # visible to trainer i from now
+                peak[i] = max(peak[i], appended[i] - completed[i])
+            produced.append((eng.now, opened))
+
+    def trainer(i: int, p: PolicyTimes) -> Generator[float | _Wait, None, None]:
+        step_s, steps = p.train_s / speedup(c.trainer_devices, c.scaling_efficiency), 0
+        while True:
+            yield _Wait(lambda: appended[i] > consumed[i], c.trainer_poll_s)
+            consumed[i] += 1
+            open_since["t", i] = t0 = eng.now
+            yield step_s
+            steps += 1
+            published = steps % p.publish_every == 0
+            if published:
+                yield p.publish_s  # not split
+            # train_on writes progress now (nothing between publish and it takes time):
+            # workers see the new version and the freed backlog together.
+            version[i] += published
+            completed[i] += 1
+            done_at[i].append(eng.now)
+            if steps % c.checkpoint_every == 0:
+                yield p.checkpoint_s  # after progress: blocks this trainer only
+            busy[i].append((t0, eng.now))
+            del open_since["t", i]
+
+    for k in range(c.rollout_devices):
+        eng.spawn(worker(k))
+    for i, p in enumerate(pols):
+        eng.spawn(trainer(i, p))
+    total = warmup + iterations
+    eng.run(lambda: min(completed) >= total)
+    for (kind, j), t0 in open_since.items():
+        (idle if kind == "w" else busy)[j].append((t0, eng.now))
+
+    def at(i: int, k: int) -> float:
+        return done_at[i][k - 1] if k else 0.0
+
+    q = max(range(n), key=lambda i: at(i, total) - at(i, warmup))
+    start, end = at(q, warmup), at(q, total)
+    window = end - start
+    frac = (lambda s: _overlap(s, start, end) / window) if window > 0 else (lambda s: 0.0)
+    made = [opened for t, opened in produced if start < t <= end]
+    return SimResult(
+        "async", window / iterations,
+        {p.name: sum(start < t <= end for t in done_at[i]) for i, p in enumerate(pols)},
+        {p.name: frac(busy[i]) for i, p in enumerate(pols)},
+        sum(frac(b) for b in idle) / c.rollout_devices,
+        {p.name: sum(i not in o for o in made) / len(made) if made else 0.0
+         for i, p in enumerate(pols)},
+        {p.name: peak[i] for i, p in enumerate(pols)})
+
+
+def simulate_sync(m: Measured, c: Cluster, iterations: int = 200, warmup: int = 20) -> SimResult:
+    """Trainer-centred baseline (`run_sync`): one strictly sequential loop per iteration."""
+    _check_run(iterations, warmup)
+    g, n = speedup(c.sync_devices, c.scaling_efficiency), len(m.policies)
+    version, held, steps, busy = [0] * n, [0] * n, [0] * n, [0.0] * n
+    now = start = 0.0
+    for it in range(warmup + iterations):
+        if it == warmup:
+            start, busy = now, [0.0] * n
+        for i, p in enumerate(m.policies):  # refresh_weights: only what changed
+            if version[i] != held[i]:
+                held[i] = version[i]
+                now += p.reload_s
+        for d in batch_phases(m, g):
+            now += d
+        now += m.append_s * n
+        for i, p in enumerate(m.policies):  # train_on of each trainer in turn
+            t0 = now
+            now += p.train_s / g
+            steps[i] += 1
+            if steps[i] % p.publish_every == 0:
+                now += p.publish_s
+                version[i] += 1
+            if steps[i] % c.checkpoint_every == 0:
+                now += p.checkpoint_s  # blocks the whole loop
+            busy[i] += now - t0
+    window = now - start
+    names = [p.name for p in m.policies]
+    return SimResult("sync", window / iterations, dict.fromkeys(names, iterations),
+                     {p.name: busy[i] / window if window else 0.0
+                      for i, p in enumerate(m.policies)}, 0.0,
+                     dict.fromkeys(names, 0.0),  # never sheds
+                     dict.fromkeys(names, 1))  # appends a batch, then trains it
+
+
+def assumptions(m: Measured, c: Cluster) -> list[str]:
+    """Every figure the projection uses, labelled MEASURED (input) or ASSUMED."""
+    n, waits = len(m.policies), m.waits_per_batch()
+    whose = ("as set" if m.env_waits is not None
+             else "the workflow's: `single` once; `solver_verifier` after the solver, then once "
+                  "after all verifiers (their waits overlap)")
+    lines = [f"MEASURED {p.name}: generate {p.gen_s:g} s per batch on one device; train "
+             f"{p.train_s:g} s per step on one device; publish {p.publish_s:g} s every "
+             f"{p.publish_every} step(s); reload {p.reload_s:g} s per new version; checkpoint "
+             f"{p.checkpoint_s:g} s every {c.checkpoint_every} step(s)"
+             for p in m.policies]
+    return lines + [
+        f"MEASURED append {m.append_s:g} s per policy table per batch (one commit each, in turn)",
+        f"ASSUMED env/tool wait {m.env_wait_s:g} s, {waits} per batch ({whose}): the first "
+        f"after the first policy's turn, the rest after all turns; not shrunk by hardware "
+        "(serial in sync; overlapped across workers in async)",
+        f"ASSUMED async cluster: {c.rollout_devices} rollout devices (one worker each, a batch "
+        f"never split) + {c.trainer_devices} device(s) per trainer x {n} policies = "
+        f"{c.rollout_devices + c.trainer_devices * n} devices",
+        f"ASSUMED sync cluster: {c.sync_devices} colocated devices, every phase on all of them",
+        f"ASSUMED scaling: one batch split over g > 1 devices takes t / (g x "
+        f"{c.scaling_efficiency:g}) (1.0 = ideal, favours sync)",
+        "ASSUMED publish, reload, checkpoint and append are never split across devices; publish "
+        "and checkpoint block their trainer (in sync, everything)",
+        "ASSUMED no network transfer time for weights or rows beyond the measured publish/reload/"
+        "append, and no store contention",
+        f"ASSUMED async backpressure as coded: each wait_for_room check, for every policy in "
+        f"turn, reads its progress file, reloads it there if the file names a version the worker "
+        f"does not hold (no reload step before generation), then calls it open if its backlog "
+        f"(appended - completed steps) < {c.max_backlog_batches} batch(es); none open: sleep "
+        f"{c.worker_poll_s:g} s after the check ended and check again; else produce the whole "
+        f"batch (every policy generates) and append only the open policies' rows: a closed "
+        f"policy's rows are shed, so a slow trainer does not hold the others back; workers "
+        f"passing together may overshoot (to at most {c.max_backlog_batches - 1} + "
+        f"{c.rollout_devices} batches)",
+        "ASSUMED a trainer's progress (its new version, its consumed rows) appears when its step "
+        "and any publish are done; weight lag never binds (every version verifies)",
+        "ASSUMED sync reloads every changed policy before each batch (refresh_weights)",
+        f"ASSUMED trainers take exactly one batch per step and re-check every "
+        f"{c.trainer_poll_s:g} s when idle; no version barrier",
+        f"ASSUMED each trainer checkpoints every {c.checkpoint_every} step(s), after writing that "
+        "step's progress (async: workers are not held by it)",
+        "ASSUMED deterministic step times, identical batches, no failures or restarts",
+        "ASSUMED workers start together; with identical times they stay in phase, so appends "
+        "land together and backpressure, checked before a batch is generated, can overshoot "
+        "and then bind (shed, or wait when every policy is closed) in bursts",
+        "ASSUMED an iteration is one trainer step of every policy, worth the same in both designs "
+        "(async staleness not modelled); async is measured in steady state after a warm-up",
+    ]
+
+
+def project(m: Measured, c: Cluster, iterations: int = 200, warmup: int = 20) -> Projection:
+    s, a = simulate_sync(m, c, iterations, warmup), simulate_async(m, c, iterations, warmup)
+    x, y = s.seconds_per_iteration, a.seconds_per_iteration
+    ratio = x / y if y > 0 else (math.inf if x > 0 else math.nan)
+    return Projection(m, c, s, a, ratio, assumptions(m, c))
+
+
+def format_projection(p: Projection) -> str:
+    c, s, a = p.cluster, p.sync_result, p.async_result
+    n = len(p.measured.policies)
+    busy = ", ".join(f"{k} {v:.0%}" for k, v in a.trainer_busy_fraction.items())
+    shed = ", ".join(f"{k} {v:.0%}" for k, v in a.shed_fraction.items())
+    return "\n".join([
+        "Projected seconds per iteration (one trainer step of every policy)",
+        f"{'':34}{'projected':>12}{'paper':>12}",
+        f"{f'sync  ({c.sync_devices} colocated)':34}{s.seconds_per_iteration:>10.2f} s"
+        f"{PAPER['sync_s_per_iteration']:>10.1f} s",
+        f"{f'async ({c.rollout_devices} rollout + {n}x{c.trainer_devices} train)':34}"
+        f"{a.seconds_per_iteration:>10.2f} s{PAPER['async_s_per_iteration']:>10.1f} s",
+        f"{'ratio sync/async':34}{p.ratio:>11.2f}x{PAPER['ratio']:>11.2f}x",
+        f"async trainer busy: {busy}; workers blocked {a.worker_blocked_fraction:.0%}; "
+        f"rows shed: {shed} of batches",
+        "Assumptions:", *(f"  - {line}" for line in p.assumptions)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m astraflow.policies.cluster_sim",
+                                 description="Project s/iteration of async vs sync designs.")
+    ap.add_argument("measured", help="JSON file of Measured.to_dict() form")
+    d = Cluster()
+    ap.add_argument("--rollout-devices", type=int, default=d.rollout_devices)
+    ap.add_argument("--trainer-devices", type=int, default=d.trainer_devices)
+    ap.add_argument("--sync-devices", type=int, default=d.sync_devices)
+    ap.add_argument("--efficiency", type=float, default=d.scaling_efficiency)
+    ap.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    ns = ap.parse_args(argv)
+    try:
+        with open(ns.measured) as f:
+            m = Measured.from_dict(json.load(f))
+        c = Cluster(rollout_devices=ns.rollout_devices, trainer_devices=ns.trainer_devices,
+                    sync_devices=ns.sync_devices, scaling_efficiency=ns.efficiency,
+                    checkpoint_every=ns.checkpoint_every)
+    except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
+        ap.error(str(err))
+    print(format_projection(project(m, c)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
