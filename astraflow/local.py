@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from astraflow.evaluate import score_items
 from astraflow.flow import FlowError, FlowSpec
 from astraflow.models.factory import load_weights_into, save_policy, tiny_llama
 from astraflow.models.tokenizer import CharCodec, build_char_tokenizer
@@ -125,9 +124,7 @@ class Evaluator:
             self.engine = HFEngine.from_dir(path)
         else:
             self.engine.load_weights(path)
-        items = self.items[: n or len(self.items)]
-        return score_items(self.engine, [(it.prompt, it.check) for it in items],
-                           self.workflow.max_new_tokens(self.role))
+        return self.workflow.score(self.role, self.engine, self.items[: n or len(self.items)])
 
 
 def components(ctx: RunContext) -> list[Component]:

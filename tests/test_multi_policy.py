@@ -74,19 +74,22 @@ def test_episode_rows_land_in_each_policys_table_with_its_own_mask(tmp_path, tin
     judged: dict[str, list[str]] = defaultdict(list)
     for r in verifier:
         comp, mask, lps = r["completion_ids"], r["loss_mask"], r["behavior_logprobs"]
-        own = [i for i, m in enumerate(mask) if m]
-        # Context first (the solver's answer and "?": not the verifier's, masked out), then
-        # the verifier's own judgement tokens at the end.
-        assert own and own == list(range(own[0], len(comp)))
-        assert all(lps[i] == 0.0 for i in range(own[0]))
-        assert all(lps[i] < 0.0 or lps[i] == 0.0 for i in own)
-        context = codec.decode(comp[: own[0]])
-        assert context.endswith("?")
+        # Its own answer (mask 1), the solver's answer shown as ";<answer>?" (mask 0: it
+        # only read it), then its own judgement (mask 1) — the very sequence it saw.
+        starts = [i for i in range(1, len(comp)) if mask[i] != mask[i - 1]]
+        assert mask[0] == 1 and len(starts) == 2, mask
+        own, shown, judgement = comp[: starts[0]], comp[starts[0]:starts[1]], comp[starts[1]:]
+        assert all(m == 0 for m in mask[starts[0]:starts[1]]) and all(mask[starts[1]:])
+        assert all(lp == 0.0 for lp in lps[starts[0]:starts[1]])
+        assert all(lp <= 0.0 for lp in lps) and any(lp < 0.0 for lp in lps)
+        assert len(own) >= 1 and len(judgement) >= 1
+        context = codec.decode(shown)
+        assert context.startswith(";") and context.endswith("?")
         assert codec.decode(r["prompt_ids"]) == r["task_id"] + "="  # the task is its prompt
-        said = codec.decode(comp[own[0]:]).strip()
-        right = dict(answers[r["task_id"]])[context[:-1]]
+        said = codec.decode(judgement).strip()
+        right = dict(answers[r["task_id"]])[context[1:-1]]
         assert r["reward"] == float((said == "Y" and right == 1.0) or (said == "N" and right == 0.0))
-        judged[r["task_id"]].append(context[:-1])
+        judged[r["task_id"]].append(context[1:-1])
     # Each verifier row judges one of the solver's answers to that very task.
     assert {t: sorted(v) for t, v in judged.items()} == \
         {t: sorted(a for a, _ in v) for t, v in answers.items()}

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from astraflow.evaluate import score_items
 from astraflow.flow import WarmStartSpec
 from astraflow.models.tokenizer import CharCodec
 from astraflow.rollout.engine import HFEngine
@@ -36,37 +35,30 @@ class WarmStartResult:
 def warm_start(model: torch.nn.Module, codec: CharCodec, workflow: Workflow, role: str,
                spec: WarmStartSpec, seed: int = 0,
                progress: Callable[[int, float], None] | None = None) -> WarmStartResult:
-    """Supervised steps on the workflow's (prompt, target) pairs for `role` until the
-    validation check reaches `spec.target_accuracy` (or `spec.max_steps`)."""
+    """Supervised steps on the workflow's demonstrations for `role` until its validation
+    check (greedy play scored like the held-out metric) reaches `spec.target_accuracy`."""
     t0 = time.time()
     rng = random.Random(seed)
-    val_rng = random.Random(seed + 1_000_003)
     # Validation draws come from the training distribution, never the held-out set.
-    val = [workflow.sft_example(role, val_rng) for _ in range(spec.check_size)]
+    val = workflow.validation_items(role, random.Random(seed + 1_000_003), spec.check_size)
     engine = HFEngine(model, codec)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr)
-    max_new = workflow.max_new_tokens(role)
-
-    def check() -> float:
-        return score_items(engine, [(p, lambda text, y=y: text == y) for p, y in val], max_new)
-
-    acc = check()
+    acc = workflow.score(role, engine, val)
     step = 0
     while step < spec.max_steps and acc < spec.target_accuracy:
         model.train()
-        pairs = [workflow.sft_example(role, rng) for _ in range(spec.batch_size)]
-        prompts = [codec.encode(p) for p, _ in pairs]
-        seqs = [pr + codec.encode(y)[1:] + [codec.eos_id] for pr, (_, y) in zip(prompts, pairs,
-                                                                                strict=True)]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), codec.pad_id, dtype=torch.long)
-        labels = torch.full((len(seqs), width), -100, dtype=torch.long)
-        attn = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.tensor(s)
-            attn[i, : len(s)] = 1
-            plen = len(prompts[i])
-            labels[i, plen : len(s)] = torch.tensor(s[plen:])  # target + EOS only
+        demos = [workflow.demo(role, rng) for _ in range(spec.batch_size)]
+        width = max(len(d.prompt_ids) + len(d.target_ids) for d in demos)
+        ids = torch.full((len(demos), width), codec.pad_id, dtype=torch.long)
+        labels = torch.full((len(demos), width), -100, dtype=torch.long)
+        attn = torch.zeros((len(demos), width), dtype=torch.long)
+        for i, d in enumerate(demos):
+            seq = d.prompt_ids + d.target_ids
+            ids[i, : len(seq)] = torch.tensor(seq)
+            attn[i, : len(seq)] = 1
+            own = torch.tensor(d.target_ids)
+            own[torch.tensor(d.target_mask) == 0] = -100  # context the role only reads
+            labels[i, len(d.prompt_ids) : len(seq)] = own
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -74,7 +66,7 @@ def warm_start(model: torch.nn.Module, codec: CharCodec, workflow: Workflow, rol
         step += 1
         if step % spec.check_every == 0:
             model.eval()
-            acc = check()
+            acc = workflow.score(role, engine, val)
             if progress:
                 progress(step, acc)
     model.eval()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 
-from astraflow.workflows.base import Actor, EvalItem, Part, Workflow
+from astraflow.workflows.base import Actor, Demo, EvalItem, Part, Workflow
 from astraflow.workflows.single import SingleTurn
 from astraflow.workflows.solver_verifier import SolverVerifier
 
@@ -36,5 +36,5 @@ def resolve_workflow(name: str) -> type[Workflow]:
     return obj
 
 
-__all__ = ["Actor", "BUILTIN", "EvalItem", "Part", "SingleTurn", "SolverVerifier", "Workflow",
+__all__ = ["Actor", "BUILTIN", "Demo", "EvalItem", "Part", "SingleTurn", "SolverVerifier", "Workflow",
            "resolve_workflow"]

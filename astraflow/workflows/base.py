@@ -50,14 +50,29 @@ class Part:
                    [1] * len(completion), reward)
 
     @classmethod
-    def after_context(cls, role: str, task_id: str, group: str, prompt_ids: list[int],
-                      context: list[int], completion: list[int], logprobs: list[float],
-                      reward: float) -> Part:
-        """A part whose own turn follows tokens it did not write (another policy's turn,
-        a tool's output): those are kept for the forward pass and masked out of the loss."""
-        return cls(role, task_id, group, prompt_ids, [*context, *completion],
-                   [0.0] * len(context) + list(logprobs), [0] * len(context) + [1] * len(completion),
-                   reward)
+    def from_segments(cls, role: str, task_id: str, group: str, prompt_ids: list[int],
+                      segments: list[tuple[list[int], list[float] | None]], reward: float) -> Part:
+        """A multi-turn part: `segments` in episode order, each (token ids, logprobs) for
+        a turn this policy sampled, or (token ids, None) for tokens it only read (another
+        policy's turn, a tool's output) — kept for the forward pass, masked out of the loss."""
+        ids: list[int] = []
+        lps: list[float] = []
+        mask: list[int] = []
+        for tokens, logprobs in segments:
+            ids.extend(tokens)
+            lps.extend([0.0] * len(tokens) if logprobs is None else logprobs)
+            mask.extend([0 if logprobs is None else 1] * len(tokens))
+        return cls(role, task_id, group, prompt_ids, ids, lps, mask, reward)
+
+
+@dataclass(frozen=True)
+class Demo:
+    """One supervised example for a role's warm start: train on `target_ids` where
+    `target_mask` is 1 (a turn of the role's own), read the rest as context."""
+
+    prompt_ids: list[int]
+    target_ids: list[int]
+    target_mask: list[int]
 
 
 class Actor(Protocol):
@@ -75,10 +90,12 @@ class Actor(Protocol):
 
 @dataclass(frozen=True)
 class EvalItem:
-    """One held-out check: greedy completion of `prompt` as a role, scored by `check`."""
+    """One held-out check of a role: greedy completion of `prompt` scored by `check`.
+    `data` carries whatever a multi-turn workflow needs to play the later turns."""
 
     prompt: str
     check: Callable[[str], bool]
+    data: Mapping[str, Any] | None = None
 
 
 class Workflow(ABC):
@@ -110,12 +127,33 @@ class Workflow(ABC):
         """Run one batch of episodes; return every policy's part of every episode."""
 
     @abstractmethod
-    def sft_example(self, role: str, rng: random.Random) -> tuple[str, str]:
-        """(prompt, target) text for the supervised warm start of `role`'s version 0."""
+    def demo(self, role: str, rng: random.Random) -> Demo:
+        """A supervised example for the warm start of `role`'s version 0."""
 
     @abstractmethod
+    def items(self, role: str, tasks: list[Any], rng: random.Random) -> list[EvalItem]:
+        """Checks of `role` on these tasks (held-out tasks for evaluation, training draws
+        for the warm start's validation)."""
+
     def eval_items(self, role: str, n: int) -> list[EvalItem]:
         """`n` fixed held-out checks of `role` (the same in every process and run)."""
+        return self.items(role, self.env.eval_tasks(n), random.Random(4321))
+
+    def validation_items(self, role: str, rng: random.Random, n: int) -> list[EvalItem]:
+        """Checks drawn from the training distribution (never the held-out set)."""
+        return self.items(role, [self.env.sample(rng) for _ in range(n)], rng)
+
+    def score(self, role: str, engine: Any, items: list[EvalItem], batch: int = 500) -> float:
+        """Fraction of items passed by greedy play of `role` with `engine` (one turn;
+        multi-turn workflows override this to play their later turns)."""
+        correct = 0
+        for i in range(0, len(items), batch):
+            chunk = items[i : i + batch]
+            gen = engine.generate([self.codec.encode(it.prompt) for it in chunk],
+                                  max_new_tokens=self.max_new_tokens(role), greedy=True)
+            correct += sum(bool(it.check(self.codec.decode(c)))
+                           for it, c in zip(chunk, gen.completions, strict=True))
+        return correct / max(len(items), 1)
 
     @abstractmethod
     def max_new_tokens(self, role: str) -> int:

@@ -6,7 +6,7 @@ import random
 from typing import ClassVar
 
 from astraflow.envs.math import Task
-from astraflow.workflows.base import Actor, EvalItem, Part, Workflow
+from astraflow.workflows.base import Actor, Demo, EvalItem, Part, Workflow
 
 
 class SingleTurn(Workflow):
@@ -24,13 +24,14 @@ class SingleTurn(Workflow):
                                        comp, lps, self.env.reward(t, self.codec.decode(comp))))
         return parts
 
-    def sft_example(self, role: str, rng: random.Random) -> tuple[str, str]:
+    def demo(self, role: str, rng: random.Random) -> Demo:
         t = self.env.sample(rng)
-        return t.prompt, t.answer
+        target = self.codec.encode(t.answer)[1:] + [self.codec.eos_id]
+        return Demo(self.codec.encode(t.prompt), target, [1] * len(target))
 
-    def eval_items(self, role: str, n: int) -> list[EvalItem]:
+    def items(self, role: str, tasks: list[Task], rng: random.Random) -> list[EvalItem]:
         return [EvalItem(t.prompt, lambda text, t=t: self.env.reward(t, text) == 1.0)
-                for t in self.env.eval_tasks(n)]
+                for t in tasks]
 
     def max_new_tokens(self, role: str) -> int:
         return self.env.max_new_tokens()

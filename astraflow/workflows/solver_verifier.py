@@ -1,19 +1,27 @@
 """`solver_verifier`: a solver answers, one or more verifiers judge the answer.
 
-    task "042+917=" ──solver (k samples)──► answer "959"      reward: answer right
-                        env wait (one turn)
-    "042+917=959?" ──each verifier──────► "Y" | "N"          reward: judged right
-                        env wait (one turn; the verifiers judge concurrently)
+    task "042+917="  ──solver (k samples)──► "959"            reward: the answer is right
+                       env wait (one turn)
+    for each answer, each verifier plays two turns:
+      "042+917="     ──verifier──► "959"                       (works the sum out itself)
+      ";959?"        (the solver's answer, shown by the workflow)
+                     ──verifier──► "Y" | "N"                   reward: judged right
+                       env wait (one turn; the verifiers judge concurrently)
 
-Rows: the solver's part is its answer (mask all 1). A verifier's part keeps the
-task as its prompt and the solver's answer plus `?` as context it did not write
-(mask 0), then its own judgement (mask 1), so a verifier row is the exact token
-sequence the verifier saw and its loss touches only its own token.
+Why the verifier works the sum out before it sees the answer: a ~1 M-parameter
+character model did not learn to judge `042+917=959?` in one token within a
+warm-start budget (validation stayed at chance for 900 steps), while it does
+learn to compare two digit strings. Its first turn uses the same token
+positions as the solver's answer, so a verifier warm-started from the solver's
+version 0 (`warm_start.init_from: solver`) starts with its arithmetic.
 
-Held-out judgement accuracy is measured on a fixed, balanced set: for each
-held-out task either the right answer or a near miss (one digit changed, or off
-by 1, 10 or 100: the slips a solver makes), so always answering `Y` or always
-`N` scores 50%.
+Rows: the solver's part is its answer (mask all 1). A verifier's part is its
+own answer (mask 1), then `;answer?` that it only read (mask 0), then its
+judgement (mask 1): the exact token sequence it saw, trained only on its own
+tokens. Held-out judgement accuracy is measured on a fixed, balanced set: for
+each held-out task either the right answer or a near miss (one digit changed,
+or off by 1, 10 or 100: the slips a solver makes), so always answering `Y` or
+always `N` scores 50%.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import random
 from typing import Any, ClassVar
 
 from astraflow.envs.math import Task
-from astraflow.workflows.base import Actor, EvalItem, Part, Workflow
+from astraflow.workflows.base import Actor, Demo, EvalItem, Part, Workflow
 
 YES, NO = "Y", "N"
 
@@ -40,8 +48,9 @@ def near_miss(answer: str, rng: random.Random) -> str:
     return str(w) if w != v and w >= 0 else str(v + 1)
 
 
-def judge_prompt(task: Task, answer_text: str) -> str:
-    return f"{task.prompt}{answer_text}?"
+def shown(answer_text: str) -> str:
+    """What the workflow shows a verifier after its own turn: `;<answer>?`."""
+    return f";{answer_text}?"
 
 
 class SolverVerifier(Workflow):
@@ -69,58 +78,85 @@ class SolverVerifier(Workflow):
     def metric_name(self, role: str) -> str:
         return "accuracy" if role == "solver" else "judgement accuracy"
 
+    def _ids(self, text: str) -> list[int]:
+        return self.codec.encode(text)[1:]  # no BOS: a continuation
+
     def episodes(self, tasks: list[Task], actor: Actor) -> list[Part]:
-        codec, k = self.codec, self.k
+        codec, k, m = self.codec, self.k, self.judge_samples
         prompts = [codec.encode(t.prompt) for t in tasks]
         gen = actor.generate("solver", prompts, samples=k,
                              max_new_tokens=self.max_new_tokens("solver"))
         actor.env_wait()
         parts: list[Part] = []
-        answers: list[tuple[int, str, bool]] = []  # (task index, answer text, right?)
+        answers: list[tuple[str, bool]] = []  # per solver sample: (answer text, right?)
         for i, (comp, lps) in enumerate(zip(gen.completions, gen.logprobs, strict=True)):
             j = i // k
             text = codec.decode(comp)
             right = self.env.reward(tasks[j], text) == 1.0
             parts.append(Part.own_turn("solver", tasks[j].task_id, f"s{j}", prompts[j], comp, lps,
                                        float(right)))
-            answers.append((j, text, right))
-        judge_prompts = [codec.encode(judge_prompt(tasks[j], text)) for j, text, _ in answers]
-        m = self.judge_samples
+            answers.append((text, right))
+        per_task = k * m  # verifier episodes per task: m judgements of each of k answers
         for role in self.verifier_roles:
-            judged = actor.generate(role, judge_prompts, samples=m,
-                                    max_new_tokens=self.max_new_tokens(role))
-            for i, (comp, lps) in enumerate(zip(judged.completions, judged.logprobs, strict=True)):
-                j, text, right = answers[i // m]
-                said = codec.decode(comp).strip()
+            own = actor.generate(role, prompts, samples=per_task,
+                                 max_new_tokens=self.max_new_tokens(role))
+            context = [self._ids(shown(answers[i // m][0])) for i in range(len(tasks) * per_task)]
+            second = [prompts[i // per_task] + c + ctx
+                      for i, (c, ctx) in enumerate(zip(own.completions, context, strict=True))]
+            judged = actor.generate(role, second, samples=1, max_new_tokens=2)
+            for i in range(len(second)):
+                j = i // per_task
+                text, right = answers[j * k + (i % per_task) // m]
+                said = codec.decode(judged.completions[i]).strip()
                 reward = float((said == YES and right) or (said == NO and not right))
-                context = codec.encode(text + "?")[1:]  # the solver's answer, then "?" (no BOS)
-                parts.append(Part.after_context(role, tasks[j].task_id, f"v{j}", prompts[j],
-                                                context, comp, lps, reward))
+                parts.append(Part.from_segments(role, tasks[j].task_id, f"v{j}", prompts[j], [
+                    (own.completions[i], own.logprobs[i]),
+                    (context[i], None),
+                    (judged.completions[i], judged.logprobs[i]),
+                ], reward))
         if self.verifier_roles:
             actor.env_wait()
         return parts
 
-    def sft_example(self, role: str, rng: random.Random) -> tuple[str, str]:
+    def demo(self, role: str, rng: random.Random) -> Demo:
         t = self.env.sample(rng)
+        eos = self.codec.eos_id
+        answer = self._ids(t.answer) + [eos]
         if role == "solver":
-            return t.prompt, t.answer
-        if rng.random() < 0.5:
-            return judge_prompt(t, t.answer), YES
-        return judge_prompt(t, near_miss(t.answer, rng)), NO
+            return Demo(self.codec.encode(t.prompt), answer, [1] * len(answer))
+        right = rng.random() < 0.5
+        context = self._ids(shown(t.answer if right else near_miss(t.answer, rng)))
+        judgement = self._ids(YES if right else NO) + [eos]
+        return Demo(self.codec.encode(t.prompt), answer + context + judgement,
+                    [1] * len(answer) + [0] * len(context) + [1] * len(judgement))
 
-    def eval_items(self, role: str, n: int) -> list[EvalItem]:
-        tasks = self.env.eval_tasks(n)
+    def items(self, role: str, tasks: list[Task], rng: random.Random) -> list[EvalItem]:
         if role == "solver":
             return [EvalItem(t.prompt, lambda text, t=t: self.env.reward(t, text) == 1.0)
                     for t in tasks]
-        rng = random.Random(4321)  # fixed: every process and run judges the same candidates
-        items = []
+        out = []
         for i, t in enumerate(tasks):
             right = i % 2 == 0
             cand = t.answer if right else near_miss(t.answer, rng)
             want = YES if right else NO
-            items.append(EvalItem(judge_prompt(t, cand), lambda text, w=want: text.strip() == w))
-        return items
+            out.append(EvalItem(t.prompt, lambda text, w=want: text.strip() == w,
+                                {"candidate": cand}))
+        return out
+
+    def score(self, role: str, engine: Any, items: list[EvalItem], batch: int = 500) -> float:
+        if role == "solver":
+            return super().score(role, engine, items, batch)
+        correct = 0
+        for i in range(0, len(items), batch):
+            chunk = items[i : i + batch]
+            prompts = [self.codec.encode(it.prompt) for it in chunk]
+            own = engine.generate(prompts, max_new_tokens=self.max_new_tokens(role), greedy=True)
+            second = [p + c + self._ids(shown(it.data["candidate"]))  # type: ignore[index]
+                      for p, c, it in zip(prompts, own.completions, chunk, strict=True)]
+            judged = engine.generate(second, max_new_tokens=2, greedy=True)
+            correct += sum(bool(it.check(self.codec.decode(c)))
+                           for it, c in zip(chunk, judged.completions, strict=True))
+        return correct / max(len(items), 1)
 
     def max_new_tokens(self, role: str) -> int:
-        return self.env.max_new_tokens() if role == "solver" else 2  # judgement + EOS
+        return self.env.max_new_tokens()  # the verifier's own answer; its judgement takes 2
