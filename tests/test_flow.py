@@ -29,6 +29,18 @@ def test_example_is_valid():
     assert spec.policy.name == "solver" and spec.batch_rows() == 256
 
 
+@pytest.mark.parametrize("path", sorted(EXAMPLE.parent.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_is_valid(path):
+    spec = load_flow(path)
+    assert spec.policy_names() and all(spec.batch_rows(p) > 0 for p in spec.policy_names())
+
+
+def test_two_policy_example_casts_both_roles():
+    spec = load_flow(EXAMPLE.parent / "math-solver-verifier.yaml")
+    assert spec.role_map() == {"solver": "solver", "verifier": "verifier"}
+    assert spec.policy_spec("verifier").warm_start.init_from == "solver"
+
+
 def test_typo_names_the_field_and_suggests(tmp_path):
     d = base()
     d["policies"][0]["algorithm"]["lerning_rate"] = 1e-4

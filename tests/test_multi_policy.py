@@ -21,6 +21,7 @@ from astraflow.rollout.worker import RolloutWorker
 from astraflow.run import RESOLVED, RunContext
 from astraflow.sync import run_sync
 from astraflow.train.trainer import Trainer
+from astraflow.workflows.solver_verifier import marks, verdict
 
 TINY = {"hidden_size": 64, "layers": 2, "heads": 2, "intermediate_size": 128}
 
@@ -86,9 +87,9 @@ def test_episode_rows_land_in_each_policys_table_with_its_own_mask(tmp_path, tin
         context = codec.decode(shown)
         assert context.startswith(";") and context.endswith("?")
         assert codec.decode(r["prompt_ids"]) == r["task_id"] + "="  # the task is its prompt
-        said = codec.decode(judgement).strip()
+        said = verdict(codec.decode(judgement))  # Y iff it marked every digit Y
         right = dict(answers[r["task_id"]])[context[1:-1]]
-        assert r["reward"] == float((said == "Y" and right == 1.0) or (said == "N" and right == 0.0))
+        assert r["reward"] == float((said == "Y") == (right == 1.0))
         judged[r["task_id"]].append(context[1:-1])
     # Each verifier row judges one of the solver's answers to that very task.
     assert {t: sorted(v) for t, v in judged.items()} == \
@@ -103,6 +104,12 @@ def test_episode_rows_land_in_each_policys_table_with_its_own_mask(tmp_path, tin
     res = tr.train_on(sl)
     assert res.metrics["tokens"] == sum(sum(r["loss_mask"]) for r in verifier)
     assert tr.version == 1 and ctx.weights().latest("solver") == 0  # its own weight stream
+
+
+def test_marks_and_verdict():
+    assert marks("59", "59") == "YY" and marks("59", "58") == "YN" and marks("59", "159") == "NYY"
+    assert verdict("YY") == "Y" and verdict("YN") == "N" and verdict("") == "N"
+    assert verdict("Y?") == "N"
 
 
 def test_one_policy_can_play_two_roles(tmp_path, tiny_policy_dir):

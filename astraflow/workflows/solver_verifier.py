@@ -1,27 +1,31 @@
 """`solver_verifier`: a solver answers, one or more verifiers judge the answer.
 
-    task "042+917="  ──solver (k samples)──► "959"            reward: the answer is right
-                       env wait (one turn)
+    task "42+17="  ──solver (k samples)──► "59"            reward: the answer is right
+                     env wait (one turn)
     for each answer, each verifier plays two turns:
-      "042+917="     ──verifier──► "959"                       (works the sum out itself)
-      ";959?"        (the solver's answer, shown by the workflow)
-                     ──verifier──► "Y" | "N"                   reward: judged right
-                       env wait (one turn; the verifiers judge concurrently)
+      "42+17="     ──verifier──► "59"                      (works the sum out itself)
+      ";58?"       (the solver's answer, shown by the workflow)
+                   ──verifier──► "YN"                      one mark per digit of the shown
+                                                           answer; verdict Y iff all marks Y
+                     env wait (one turn; the verifiers judge concurrently)
+    verifier reward: its verdict is right (Y for a right answer, N for a wrong one)
 
-Why the verifier works the sum out before it sees the answer: a ~1 M-parameter
-character model did not learn to judge `042+917=959?` in one token within a
-warm-start budget (validation stayed at chance for 900 steps), while it does
-learn to compare two digit strings. Its first turn uses the same token
-positions as the solver's answer, so a verifier warm-started from the solver's
-version 0 (`warm_start.init_from: solver`) starts with its arithmetic.
+Why this shape: a ~1 M-parameter character model did not learn to judge
+`042+917=959?` with one token within a warm-start budget (validation stayed
+near chance for 900 supervised steps, and a bare "are these two numbers
+equal" task took it 300+ steps to leave chance). Working the sum out first
+uses the same token positions as the solver's answer, so a verifier
+warm-started from the solver's version 0 (`warm_start.init_from: solver`)
+starts with its arithmetic; marking digit by digit makes each judgement token
+a comparison of two digits at fixed distances, which it learns far sooner.
 
 Rows: the solver's part is its answer (mask all 1). A verifier's part is its
 own answer (mask 1), then `;answer?` that it only read (mask 0), then its
-judgement (mask 1): the exact token sequence it saw, trained only on its own
+marks (mask 1): the exact token sequence it saw, trained only on its own
 tokens. Held-out judgement accuracy is measured on a fixed, balanced set: for
 each held-out task either the right answer or a near miss (one digit changed,
-or off by 1, 10 or 100: the slips a solver makes), so always answering `Y` or
-always `N` scores 50%.
+or off by 1, 10 or 100: the slips a solver makes), so always answering "all
+right" or "wrong" scores 50%.
 """
 
 from __future__ import annotations
@@ -46,6 +50,20 @@ def near_miss(answer: str, rng: random.Random) -> str:
     else:
         w = v + rng.choice([1, -1, 10, -10, 100, -100])
     return str(w) if w != v and w >= 0 else str(v + 1)
+
+
+def marks(own: str, shown_answer: str) -> str:
+    """The right marks: Y where the shown answer's digit equals the verifier's own,
+    right-aligned (a missing digit on either side is a mismatch)."""
+    w = max(len(own), len(shown_answer), 1)
+    a, b = own.rjust(w, " "), shown_answer.rjust(w, " ")
+    return "".join(YES if x == y and x != " " else NO for x, y in zip(a, b, strict=True))
+
+
+def verdict(mark_text: str) -> str:
+    """Y iff the verifier marked at least one digit and every mark is Y."""
+    text = mark_text.strip()
+    return YES if text and set(text) == {YES} else NO
 
 
 def shown(answer_text: str) -> str:
@@ -103,12 +121,13 @@ class SolverVerifier(Workflow):
             context = [self._ids(shown(answers[i // m][0])) for i in range(len(tasks) * per_task)]
             second = [prompts[i // per_task] + c + ctx
                       for i, (c, ctx) in enumerate(zip(own.completions, context, strict=True))]
-            judged = actor.generate(role, second, samples=1, max_new_tokens=2)
+            judged = actor.generate(role, second, samples=1,
+                                    max_new_tokens=self.max_new_tokens(role))
             for i in range(len(second)):
                 j = i // per_task
                 text, right = answers[j * k + (i % per_task) // m]
-                said = codec.decode(judged.completions[i]).strip()
-                reward = float((said == YES and right) or (said == NO and not right))
+                said = verdict(codec.decode(judged.completions[i]))
+                reward = float((said == YES) == right)
                 parts.append(Part.from_segments(role, tasks[j].task_id, f"v{j}", prompts[j], [
                     (own.completions[i], own.logprobs[i]),
                     (context[i], None),
@@ -124,9 +143,9 @@ class SolverVerifier(Workflow):
         answer = self._ids(t.answer) + [eos]
         if role == "solver":
             return Demo(self.codec.encode(t.prompt), answer, [1] * len(answer))
-        right = rng.random() < 0.5
-        context = self._ids(shown(t.answer if right else near_miss(t.answer, rng)))
-        judgement = self._ids(YES if right else NO) + [eos]
+        cand = t.answer if rng.random() < 0.5 else near_miss(t.answer, rng)
+        context = self._ids(shown(cand))
+        judgement = self._ids(marks(t.answer, cand)) + [eos]
         return Demo(self.codec.encode(t.prompt), answer + context + judgement,
                     [1] * len(answer) + [0] * len(context) + [1] * len(judgement))
 
@@ -139,7 +158,7 @@ class SolverVerifier(Workflow):
             right = i % 2 == 0
             cand = t.answer if right else near_miss(t.answer, rng)
             want = YES if right else NO
-            out.append(EvalItem(t.prompt, lambda text, w=want: text.strip() == w,
+            out.append(EvalItem(t.prompt, lambda text, w=want: verdict(text) == w,
                                 {"candidate": cand}))
         return out
 
@@ -153,10 +172,11 @@ class SolverVerifier(Workflow):
             own = engine.generate(prompts, max_new_tokens=self.max_new_tokens(role), greedy=True)
             second = [p + c + self._ids(shown(it.data["candidate"]))  # type: ignore[index]
                       for p, c, it in zip(prompts, own.completions, chunk, strict=True)]
-            judged = engine.generate(second, max_new_tokens=2, greedy=True)
+            judged = engine.generate(second, max_new_tokens=self.max_new_tokens(role),
+                                     greedy=True)
             correct += sum(bool(it.check(self.codec.decode(c)))
                            for it, c in zip(chunk, judged.completions, strict=True))
         return correct / max(len(items), 1)
 
     def max_new_tokens(self, role: str) -> int:
-        return self.env.max_new_tokens()  # the verifier's own answer; its judgement takes 2
+        return self.env.max_new_tokens()  # an answer, or one mark per digit (+ EOS)
