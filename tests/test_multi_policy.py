@@ -21,7 +21,7 @@ from astraflow.rollout.worker import RolloutWorker
 from astraflow.run import RESOLVED, RunContext
 from astraflow.sync import run_sync
 from astraflow.train.trainer import Trainer
-from astraflow.workflows.solver_verifier import marks, verdict
+from astraflow.workflows.solver_verifier import agree
 
 TINY = {"hidden_size": 64, "layers": 2, "heads": 2, "intermediate_size": 128}
 
@@ -73,24 +73,26 @@ def test_episode_rows_land_in_each_policys_table_with_its_own_mask(tmp_path, tin
         assert r["reward"] == env.reward(task, text)
         answers[r["task_id"]].append((text, r["reward"]))
     judged: dict[str, list[str]] = defaultdict(list)
+    share = sum(a for rows in answers.values() for _, a in rows) / len(solver)
     for r in verifier:
         comp, mask, lps = r["completion_ids"], r["loss_mask"], r["behavior_logprobs"]
-        # Its own answer (mask 1), the solver's answer shown as ";<answer>?" (mask 0: it
-        # only read it), then its own judgement (mask 1) — the very sequence it saw.
-        starts = [i for i in range(1, len(comp)) if mask[i] != mask[i - 1]]
-        assert mask[0] == 1 and len(starts) == 2, mask
-        own, shown, judgement = comp[: starts[0]], comp[starts[0]:starts[1]], comp[starts[1]:]
-        assert all(m == 0 for m in mask[starts[0]:starts[1]]) and all(mask[starts[1]:])
-        assert all(lp == 0.0 for lp in lps[starts[0]:starts[1]])
-        assert all(lp <= 0.0 for lp in lps) and any(lp < 0.0 for lp in lps)
-        assert len(own) >= 1 and len(judgement) >= 1
-        context = codec.decode(shown)
-        assert context.startswith(";") and context.endswith("?")
+        # Its own working (mask 1), then the comparison tool's transcript ";<answer>?<verdict>"
+        # that it only reads (mask 0): the very sequence it saw, trained on its tokens only.
+        n = mask.index(0)
+        assert n >= 1 and all(mask[:n]) and not any(mask[n:]), mask
+        assert all(lp == 0.0 for lp in lps[n:]) and all(lp <= 0.0 for lp in lps[:n])
+        assert any(lp < 0.0 for lp in lps[:n])
+        own, tool = codec.decode(comp[:n]), codec.decode(comp[n:])
+        assert tool.startswith(";") and tool[-2] == "?" and tool[-1] in "YN"
+        shown, said = tool[1:-2], tool[-1]
+        assert said == agree(own, shown)
         assert codec.decode(r["prompt_ids"]) == r["task_id"] + "="  # the task is its prompt
-        said = verdict(codec.decode(judgement))  # Y iff it marked every digit Y
-        right = dict(answers[r["task_id"]])[context[1:-1]]
-        assert r["reward"] == float((said == "Y") == (right == 1.0))
-        judged[r["task_id"]].append(context[1:-1])
+        right = dict(answers[r["task_id"]])[shown]
+        if (said == "Y") != (right == 1.0):
+            assert r["reward"] == 0.0
+        else:  # right verdicts weigh 0.5 / (share of that class), so both classes count equally
+            assert r["reward"] == pytest.approx(0.5 / max(share if right else 1 - share, 0.1))
+        judged[r["task_id"]].append(shown)
     # Each verifier row judges one of the solver's answers to that very task.
     assert {t: sorted(v) for t, v in judged.items()} == \
         {t: sorted(a for a, _ in v) for t, v in answers.items()}
@@ -106,10 +108,9 @@ def test_episode_rows_land_in_each_policys_table_with_its_own_mask(tmp_path, tin
     assert tr.version == 1 and ctx.weights().latest("solver") == 0  # its own weight stream
 
 
-def test_marks_and_verdict():
-    assert marks("59", "59") == "YY" and marks("59", "58") == "YN" and marks("59", "159") == "NYY"
-    assert verdict("YY") == "Y" and verdict("YN") == "N" and verdict("") == "N"
-    assert verdict("Y?") == "N"
+def test_the_comparison_tool():
+    assert agree("59", "59") == "Y" and agree("059", "59") == "Y" and agree("59", "58") == "N"
+    assert agree("", "59") == "N" and agree("5?", "5?") == "N"
 
 
 def test_one_policy_can_play_two_roles(tmp_path, tiny_policy_dir):

@@ -1,31 +1,33 @@
-"""`solver_verifier`: a solver answers, one or more verifiers judge the answer.
+"""`solver_verifier`: a solver answers; one or more verifiers judge the answer by
+working it out again.
 
-    task "42+17="  ──solver (k samples)──► "59"            reward: the answer is right
+    task "42+17="  ──solver (k samples)──► "58"             reward: the answer is right
                      env wait (one turn)
-    for each answer, each verifier plays two turns:
-      "42+17="     ──verifier──► "59"                      (works the sum out itself)
-      ";58?"       (the solver's answer, shown by the workflow)
-                   ──verifier──► "YN"                      one mark per digit of the shown
-                                                           answer; verdict Y iff all marks Y
+    for each answer, each verifier:
+      "42+17="     ──verifier──► "59"                       its own working of the sum
+      ";58?N"      the workflow's comparison tool: the shown answer against the
+                   verifier's, verdict Y iff they agree (here N)
                      env wait (one turn; the verifiers judge concurrently)
-    verifier reward: its verdict is right (Y for a right answer, N for a wrong one)
+    verifier reward: the verdict is right (Y for a right answer, N for a wrong one),
+                     weighted so that both classes count equally (balanced accuracy)
 
-Why this shape: a ~1 M-parameter character model did not learn to judge
-`042+917=959?` with one token within a warm-start budget (validation stayed
-near chance for 900 supervised steps, and a bare "are these two numbers
-equal" task took it 300+ steps to leave chance). Working the sum out first
-uses the same token positions as the solver's answer, so a verifier
-warm-started from the solver's version 0 (`warm_start.init_from: solver`)
-starts with its arithmetic; marking digit by digit makes each judgement token
-a comparison of two digits at fixed distances, which it learns far sooner.
+Verification by recomputation, with the comparison done by a tool, because a
+~1 M-parameter character model did not learn to compare digit strings within a
+warm-start budget here: judging `042+917=959?` with one token stayed at chance
+for 900 supervised steps; marking the shown answer digit by digit against its
+own stayed at 60% after 600 steps on 2-digit sums; even a bare "are these two
+numbers equal" task took 300+ steps to leave chance. Its own working is the
+verifier's to learn, and it learns it only from the verdict's reward: right
+answers are confirmed only if it works them out right, wrong ones are caught
+whenever its working differs. A verifier warm-started from the solver's
+version 0 (`warm_start.init_from: solver`) starts with the solver's arithmetic.
 
 Rows: the solver's part is its answer (mask all 1). A verifier's part is its
-own answer (mask 1), then `;answer?` that it only read (mask 0), then its
-marks (mask 1): the exact token sequence it saw, trained only on its own
-tokens. Held-out judgement accuracy is measured on a fixed, balanced set: for
-each held-out task either the right answer or a near miss (one digit changed,
-or off by 1, 10 or 100: the slips a solver makes), so always answering "all
-right" or "wrong" scores 50%.
+own working (mask 1) followed by the tool's transcript `;58?N` (mask 0: it only
+reads it). Held-out judgement accuracy is measured on a fixed, balanced set:
+for each held-out task either the right answer or a near miss (one digit
+changed, or off by 1, 10 or 100: the slips a solver makes), so a verifier that
+calls everything wrong (or right) scores 50%.
 """
 
 from __future__ import annotations
@@ -52,23 +54,16 @@ def near_miss(answer: str, rng: random.Random) -> str:
     return str(w) if w != v and w >= 0 else str(v + 1)
 
 
-def marks(own: str, shown_answer: str) -> str:
-    """The right marks: Y where the shown answer's digit equals the verifier's own,
-    right-aligned (a missing digit on either side is a mismatch)."""
-    w = max(len(own), len(shown_answer), 1)
-    a, b = own.rjust(w, " "), shown_answer.rjust(w, " ")
-    return "".join(YES if x == y and x != " " else NO for x, y in zip(a, b, strict=True))
+def agree(own_text: str, shown_answer: str) -> str:
+    """The comparison tool: Y iff the verifier's working and the shown answer are the
+    same number (an unparsable working confirms nothing)."""
+    a, b = own_text.strip(), shown_answer.strip()
+    return YES if a.isdigit() and b.isdigit() and int(a) == int(b) else NO
 
 
-def verdict(mark_text: str) -> str:
-    """Y iff the verifier marked at least one digit and every mark is Y."""
-    text = mark_text.strip()
-    return YES if text and set(text) == {YES} else NO
-
-
-def shown(answer_text: str) -> str:
-    """What the workflow shows a verifier after its own turn: `;<answer>?`."""
-    return f";{answer_text}?"
+def transcript(answer_text: str, verdict: str) -> str:
+    """What the tool writes after the verifier's working: `;<shown answer>?<verdict>`."""
+    return f";{answer_text}?{verdict}"
 
 
 class SolverVerifier(Workflow):
@@ -114,40 +109,32 @@ class SolverVerifier(Workflow):
             parts.append(Part.own_turn("solver", tasks[j].task_id, f"s{j}", prompts[j], comp, lps,
                                        float(right)))
             answers.append((text, right))
+        # Reward the verifier's balanced accuracy, not its raw hit rate: a judgement that is
+        # right earns 0.5 / (share of the batch's answers in that class), capped. Otherwise a
+        # verifier facing a solver that is wrong 85% of the time learns to call everything
+        # wrong (reward 0.85) and judges nothing — seen here: held-out 64% → 50%.
+        share_right = sum(r for _, r in answers) / len(answers)
+        weight = {True: 0.5 / max(share_right, 0.1), False: 0.5 / max(1 - share_right, 0.1)}
         per_task = k * m  # verifier episodes per task: m judgements of each of k answers
         for role in self.verifier_roles:
             own = actor.generate(role, prompts, samples=per_task,
                                  max_new_tokens=self.max_new_tokens(role))
-            context = [self._ids(shown(answers[i // m][0])) for i in range(len(tasks) * per_task)]
-            second = [prompts[i // per_task] + c + ctx
-                      for i, (c, ctx) in enumerate(zip(own.completions, context, strict=True))]
-            judged = actor.generate(role, second, samples=1,
-                                    max_new_tokens=self.max_new_tokens(role))
-            for i in range(len(second)):
+            for i, (comp, lps) in enumerate(zip(own.completions, own.logprobs, strict=True)):
                 j = i // per_task
                 text, right = answers[j * k + (i % per_task) // m]
-                said = verdict(codec.decode(judged.completions[i]))
-                reward = float((said == YES) == right)
+                said = agree(codec.decode(comp), text)
+                reward = weight[right] if (said == YES) == right else 0.0
                 parts.append(Part.from_segments(role, tasks[j].task_id, f"v{j}", prompts[j], [
-                    (own.completions[i], own.logprobs[i]),
-                    (context[i], None),
-                    (judged.completions[i], judged.logprobs[i]),
-                ], reward))
+                    (comp, lps), (self._ids(transcript(text, said)), None)], reward))
         if self.verifier_roles:
             actor.env_wait()
         return parts
 
     def demo(self, role: str, rng: random.Random) -> Demo:
+        """Both roles' own turns are a worked answer: their demos are the same."""
         t = self.env.sample(rng)
-        eos = self.codec.eos_id
-        answer = self._ids(t.answer) + [eos]
-        if role == "solver":
-            return Demo(self.codec.encode(t.prompt), answer, [1] * len(answer))
-        cand = t.answer if rng.random() < 0.5 else near_miss(t.answer, rng)
-        context = self._ids(shown(cand))
-        judgement = self._ids(marks(t.answer, cand)) + [eos]
-        return Demo(self.codec.encode(t.prompt), answer + context + judgement,
-                    [1] * len(answer) + [0] * len(context) + [1] * len(judgement))
+        answer = self._ids(t.answer) + [self.codec.eos_id]
+        return Demo(self.codec.encode(t.prompt), answer, [1] * len(answer))
 
     def items(self, role: str, tasks: list[Task], rng: random.Random) -> list[EvalItem]:
         if role == "solver":
@@ -158,25 +145,8 @@ class SolverVerifier(Workflow):
             right = i % 2 == 0
             cand = t.answer if right else near_miss(t.answer, rng)
             want = YES if right else NO
-            out.append(EvalItem(t.prompt, lambda text, w=want: verdict(text) == w,
-                                {"candidate": cand}))
+            out.append(EvalItem(t.prompt, lambda text, c=cand, w=want: agree(text, c) == w))
         return out
 
-    def score(self, role: str, engine: Any, items: list[EvalItem], batch: int = 500) -> float:
-        if role == "solver":
-            return super().score(role, engine, items, batch)
-        correct = 0
-        for i in range(0, len(items), batch):
-            chunk = items[i : i + batch]
-            prompts = [self.codec.encode(it.prompt) for it in chunk]
-            own = engine.generate(prompts, max_new_tokens=self.max_new_tokens(role), greedy=True)
-            second = [p + c + self._ids(shown(it.data["candidate"]))  # type: ignore[index]
-                      for p, c, it in zip(prompts, own.completions, chunk, strict=True)]
-            judged = engine.generate(second, max_new_tokens=self.max_new_tokens(role),
-                                     greedy=True)
-            correct += sum(bool(it.check(self.codec.decode(c)))
-                           for it, c in zip(chunk, judged.completions, strict=True))
-        return correct / max(len(items), 1)
-
     def max_new_tokens(self, role: str) -> int:
-        return self.env.max_new_tokens()  # an answer, or one mark per digit (+ EOS)
+        return self.env.max_new_tokens()  # both roles write an answer
