@@ -80,10 +80,14 @@ def publish_version0(ctx: RunContext, console: Console) -> dict[str, Any]:
         if pol.warm_start.init_from is not None:
             load_weights_into(model, ws.load(pol.warm_start.init_from, 0))
         metric = workflow.metric_name(role)
-        console.print(f"warm start of {name} as {role}"
-                      + (f" from {pol.warm_start.init_from} v0" if pol.warm_start.init_from else "")
-                      + f": supervised pass until validation {metric} >= "
-                      f"{pol.warm_start.target_accuracy:.0%} (at most {pol.warm_start.max_steps} steps)")
+        src = f" from {pol.warm_start.init_from} v0" if pol.warm_start.init_from else ""
+        if pol.warm_start.max_steps == 0:
+            console.print(f"version 0 of {name} ({role}) is{src or ' the random initialisation'}"
+                          f" as it is (warm_start.max_steps: 0)")
+        else:
+            console.print(f"warm start of {name} as {role}{src}: supervised pass until validation "
+                          f"{metric} >= {pol.warm_start.target_accuracy:.0%} (at most "
+                          f"{pol.warm_start.max_steps} steps)")
 
         def progress(step: int, acc: float, pol=pol, metric=metric) -> None:
             if step % 100 == 0 or acc >= pol.warm_start.target_accuracy:

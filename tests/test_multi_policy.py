@@ -73,7 +73,6 @@ def test_episode_rows_land_in_each_policys_table_with_its_own_mask(tmp_path, tin
         assert r["reward"] == env.reward(task, text)
         answers[r["task_id"]].append((text, r["reward"]))
     judged: dict[str, list[str]] = defaultdict(list)
-    share = sum(a for rows in answers.values() for _, a in rows) / len(solver)
     for r in verifier:
         comp, mask, lps = r["completion_ids"], r["loss_mask"], r["behavior_logprobs"]
         # Its own working (mask 1), then the comparison tool's transcript ";<answer>?<verdict>"
@@ -88,10 +87,9 @@ def test_episode_rows_land_in_each_policys_table_with_its_own_mask(tmp_path, tin
         assert said == agree(own, shown)
         assert codec.decode(r["prompt_ids"]) == r["task_id"] + "="  # the task is its prompt
         right = dict(answers[r["task_id"]])[shown]
-        if (said == "Y") != (right == 1.0):
-            assert r["reward"] == 0.0
-        else:  # right verdicts weigh 0.5 / (share of that class), so both classes count equally
-            assert r["reward"] == pytest.approx(0.5 / max(share if right else 1 - share, 0.1))
+        task = env._task(int(r["task_id"][:2]), int(r["task_id"][3:]))
+        # A right verdict earns 1 only with a right working behind it.
+        assert r["reward"] == float((said == "Y") == (right == 1.0) and env.reward(task, own) == 1.0)
         judged[r["task_id"]].append(shown)
     # Each verifier row judges one of the solver's answers to that very task.
     assert {t: sorted(v) for t, v in judged.items()} == \

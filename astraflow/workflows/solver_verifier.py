@@ -8,19 +8,23 @@ working it out again.
       ";58?N"      the workflow's comparison tool: the shown answer against the
                    verifier's, verdict Y iff they agree (here N)
                      env wait (one turn; the verifiers judge concurrently)
-    verifier reward: the verdict is right (Y for a right answer, N for a wrong one),
-                     weighted so that both classes count equally (balanced accuracy)
+    verifier reward: 1 for a right verdict (Y for a right answer, N for a wrong one)
+                     reached by a right working, else 0
 
 Verification by recomputation, with the comparison done by a tool, because a
 ~1 M-parameter character model did not learn to compare digit strings within a
 warm-start budget here: judging `042+917=959?` with one token stayed at chance
 for 900 supervised steps; marking the shown answer digit by digit against its
 own stayed at 60% after 600 steps on 2-digit sums; even a bare "are these two
-numbers equal" task took 300+ steps to leave chance. Its own working is the
-verifier's to learn, and it learns it only from the verdict's reward: right
-answers are confirmed only if it works them out right, wrong ones are caught
-whenever its working differs. A verifier warm-started from the solver's
-version 0 (`warm_start.init_from: solver`) starts with the solver's arithmetic.
+numbers equal" task took 300+ steps to leave chance. So what the verifier
+learns is its working, and a verdict earns reward only with a right working
+behind it: rewarding any right verdict (even weighted so that both classes
+count equally) taught it to disagree with the solver, whose slips it shared
+from their common version 0, and its working fell from 7.5% to 1.9% right.
+With this reward its learning signal is its working's correctness — it is,
+honestly, a second solver whose answers are used to judge the first one's. A
+verifier warm-started from the solver's version 0 (`warm_start.init_from:
+solver`) starts with the solver's arithmetic.
 
 Rows: the solver's part is its answer (mask all 1). A verifier's part is its
 own working (mask 1) followed by the tool's transcript `;58?N` (mask 0: it only
@@ -109,12 +113,11 @@ class SolverVerifier(Workflow):
             parts.append(Part.own_turn("solver", tasks[j].task_id, f"s{j}", prompts[j], comp, lps,
                                        float(right)))
             answers.append((text, right))
-        # Reward the verifier's balanced accuracy, not its raw hit rate: a judgement that is
-        # right earns 0.5 / (share of the batch's answers in that class), capped. Otherwise a
-        # verifier facing a solver that is wrong 85% of the time learns to call everything
-        # wrong (reward 0.85) and judges nothing — seen here: held-out 64% → 50%.
-        share_right = sum(r for _, r in answers) / len(answers)
-        weight = {True: 0.5 / max(share_right, 0.1), False: 0.5 / max(1 - share_right, 0.1)}
+        # A verdict counts only when the working behind it is right. Rewarding any right
+        # verdict pays the verifier for disagreeing with the solver: started from the
+        # solver's weights it shares the solver's slips, so a wrong answer it would have
+        # confirmed is one it was punished for computing. Seen here: its own working went
+        # from 7.5% right to 1.9% (sampled) in 200 steps while its reward stayed flat.
         per_task = k * m  # verifier episodes per task: m judgements of each of k answers
         for role in self.verifier_roles:
             own = actor.generate(role, prompts, samples=per_task,
@@ -122,8 +125,10 @@ class SolverVerifier(Workflow):
             for i, (comp, lps) in enumerate(zip(own.completions, own.logprobs, strict=True)):
                 j = i // per_task
                 text, right = answers[j * k + (i % per_task) // m]
-                said = agree(codec.decode(comp), text)
-                reward = weight[right] if (said == YES) == right else 0.0
+                working = codec.decode(comp)
+                said = agree(working, text)
+                reward = float((said == YES) == right
+                               and self.env.reward(tasks[j], working) == 1.0)
                 parts.append(Part.from_segments(role, tasks[j].task_id, f"v{j}", prompts[j], [
                     (comp, lps), (self._ids(transcript(text, said)), None)], reward))
         if self.verifier_roles:
