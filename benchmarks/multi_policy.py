@@ -1,7 +1,8 @@
 """Several policies trained together: decoupled against the trainer-centred baseline.
 
-    python benchmarks/multi_policy.py [--steps 150] [--latencies 0,200] [--target 0.6]
+    python benchmarks/multi_policy.py [--steps 150] [--latencies 0,200] [--target 0.3]
                                       [--policies 1,2,4] [--scale-steps 60] [--json out.json]
+    python benchmarks/multi_policy.py --project out.json   # part 2 again, from saved times
 
 1. Measured here. The solver–verifier flow (examples/math-solver-verifier.yaml)
    runs decoupled (async: a rollout worker and one trainer process per policy,
@@ -55,6 +56,7 @@ def one_run(flow_path: str, root: Path, v0: dict[str, Path], name: str, override
     summary = run_local(ctx, Console(quiet=True))
     summary["measured"] = measured(ctx)
     summary["s_per_iteration"] = s_per_iteration(ctx)
+    summary["steady"] = steady_rates(ctx)
     pol = summary["policies"]
     console.print(f"  {name:28s} {summary['rl_seconds']:6.1f}s, {summary['s_per_iteration']:.3f} "
                   f"s/iteration; " + ", ".join(
@@ -71,6 +73,18 @@ def s_per_iteration(ctx: RunContext) -> float:
         times = sorted(e.time for e in ctx.ledger().entries(p))
         worst = max(worst, (times[-1] - times[0]) / max(len(times) - 1, 1))
     return worst
+
+
+def steady_rates(ctx: RunContext) -> dict[str, dict[str, float]]:
+    """Each policy's own pace between its first and last step (the run ends when the
+    slowest trainer is done, so whole-run averages would make every policy look alike)."""
+    out = {}
+    for p in ctx.flow.policy_names():
+        entries = sorted(ctx.ledger().entries(p), key=lambda e: e.time)
+        span = max(entries[-1].time - entries[0].time, 1e-9)
+        out[p] = {"steps_per_s": (len(entries) - 1) / span,
+                  "rows_per_s": sum(e.rows_read for e in entries[1:]) / span}
+    return out
 
 
 def _mean(rows: list[dict], component: str, policy: str, name: str, positive: bool = False) -> float:
@@ -125,20 +139,47 @@ def scale_overrides(flow_path: str, n: int) -> dict[str, Any]:
             "workflow": {"name": "solver_verifier", "params": {"verifiers": n - 1}}}
 
 
+def cluster_for(flow) -> cluster_sim.Cluster:
+    """The paper's cluster shape, with the flow's own backpressure and trainer settings."""
+    return cluster_sim.Cluster(max_backlog_batches=flow.rollout.max_backlog_batches,
+                               trainer_poll_s=flow.trainer.poll_interval_s,
+                               checkpoint_every=flow.trainer.checkpoint_every)
+
+
+def projection(console: Console, flow, compare: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    console.print("\n[bold]2. projected onto the paper's cluster (inputs: the sync runs' "
+                  "measured component times)[/bold]")
+    out = []
+    for r in compare:
+        m = cluster_sim.Measured.from_dict(r["sync"]["measured"])
+        proj = cluster_sim.project(m, cluster_for(flow))
+        console.print(f"-- env wait {r['latency_ms']:.0f} ms per turn --")
+        console.print(cluster_sim.format_projection(proj))
+        out.append({"latency_ms": r["latency_ms"], "ratio": proj.ratio,
+                    "measured": r["sync"]["measured"]})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--flow", default="examples/math-solver-verifier.yaml")
     ap.add_argument("--steps", type=int, default=150, help="trainer steps per policy per run")
     ap.add_argument("--latencies", default="0,200", help="modelled ms of env wait per turn")
-    ap.add_argument("--target", type=float, default=0.6, help="held-out solver accuracy target")
+    ap.add_argument("--target", type=float, default=0.3, help="held-out solver accuracy target")
     ap.add_argument("--policies", default="1,2,4", help="policy counts for the scaling part")
     ap.add_argument("--scale-steps", type=int, default=60, help="steps per scaling run")
     ap.add_argument("--root", default="runs/bench")
     ap.add_argument("--json", help="write all results (and the measured times) here")
+    ap.add_argument("--project", metavar="JSON",
+                    help="only re-print part 2 from the measured times a --json file saved")
     args = ap.parse_args()
     quiet_libraries()
     console = Console(width=200)
+    if args.project:
+        saved = json.loads(Path(args.project).read_text())
+        projection(console, load_flow(args.flow), saved["compare"])
+        return
     root = Path(args.root)
     t_all = time.time()
     v0 = version0(args.flow, root, console)
@@ -175,17 +216,7 @@ def main() -> None:
     console.print("version 0: " + ", ".join(f"{p} {v['metric']} {v['accuracy_v0']:.1%}"
                                             for p, v in v0acc.items()))
 
-    console.print("\n[bold]2. projected onto the paper's cluster (inputs: the sync runs' "
-                  "measured component times)[/bold]")
-    cluster = cluster_sim.Cluster()
-    results["projection"] = []
-    for r in results["compare"]:
-        m = cluster_sim.Measured.from_dict(r["sync"]["measured"])
-        proj = cluster_sim.project(m, cluster)
-        console.print(f"-- env wait {r['latency_ms']:.0f} ms per turn --")
-        console.print(cluster_sim.format_projection(proj))
-        results["projection"].append({"latency_ms": r["latency_ms"], "ratio": proj.ratio,
-                                      "measured": r["sync"]["measured"]})
+    results["projection"] = projection(console, load_flow(args.flow), results["compare"])
 
     console.print("\n[bold]3. what adding policies costs (decoupled, "
                   f"{args.scale_steps} steps each)[/bold]")
@@ -196,13 +227,16 @@ def main() -> None:
         s = one_run(args.flow, root, seeds, f"mp-scale-{n}",
                     {**over, "mode": "async", "stop.max_steps": args.scale_steps}, console)
         results["scale"].append({"policies": n, "summary": s})
+    console.print("each policy's own steady pace (first to last step); rows = trajectory rows "
+                  "its trainer consumed")
     console.print(f"{'policies':>8} {'policy':>11} {'rows/s':>8} {'steps/s':>8} "
-                  f"{'s/iteration':>11}")
+                  f"{'s/iteration':>11} {'total rows/s':>12}")
     for r in results["scale"]:
         s = r["summary"]
-        for p, v in s["policies"].items():
-            console.print(f"{r['policies']:>8} {p:>11} {v['rows_per_second']:>8.0f} "
-                          f"{v['steps_per_second']:>8.2f} {s['s_per_iteration']:>11.3f}")
+        total = sum(v["rows_per_s"] for v in s["steady"].values())
+        for p, v in s["steady"].items():
+            console.print(f"{r['policies']:>8} {p:>11} {v['rows_per_s']:>8.0f} "
+                          f"{v['steps_per_s']:>8.2f} {s['s_per_iteration']:>11.3f} {total:>12.0f}")
     console.print(f"\nbenchmark wall time {time.time() - t_all:.0f}s")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
