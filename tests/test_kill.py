@@ -59,14 +59,19 @@ def wait_until(cond, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.slow
-def test_sigkill_trainer_and_workers_mid_run(tmp_path):
-    flow = tmp_path / "kill.yaml"
-    flow.write_text(yaml.safe_dump(KILL_FLOW))
-    run = tmp_path / "runs" / "kill"
+def start_run(tmp_path: Path, flow_dict: dict) -> tuple[subprocess.Popen, Path]:
+    """`astraflow run` of `flow_dict` in its own session; returns the launcher and run dir."""
+    flow = tmp_path / f"{flow_dict['name']}.yaml"
+    flow.write_text(yaml.safe_dump(flow_dict))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "astraflow.cli", "run", str(flow), "--runs", str(tmp_path / "runs")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return launcher, tmp_path / "runs" / flow_dict["name"]
+
+
+@pytest.mark.slow
+def test_sigkill_trainer_and_workers_mid_run(tmp_path):
+    launcher, run = start_run(tmp_path, KILL_FLOW)
     killed: list[str] = []
     try:
         for victim, at_step in [("trainer-solver", 6), ("rollout-0", 15), ("trainer-solver", 25),

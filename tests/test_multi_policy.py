@@ -12,7 +12,6 @@ import time
 from collections import defaultdict
 
 import pytest
-import yaml
 
 from astraflow.envs.math import MathEnv
 from astraflow.flow import FlowError, parse_flow
@@ -204,14 +203,9 @@ MP_FLOW = {
 
 @pytest.mark.slow
 def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path):
-    from tests.test_kill import pid_of, stop_run, wait_until
+    from tests.test_kill import pid_of, start_run, stop_run, wait_until
 
-    flow = tmp_path / "mpk.yaml"
-    flow.write_text(yaml.safe_dump(MP_FLOW))
-    run = tmp_path / "runs" / "mpk"
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "astraflow.cli", "run", str(flow), "--runs", str(tmp_path / "runs")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    launcher, run = start_run(tmp_path, MP_FLOW)
 
     def step(policy: str) -> int:
         try:
