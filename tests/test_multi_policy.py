@@ -230,8 +230,8 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
     assert launcher.returncode == 0, out
     ctx = RunContext.open(run)
     history = ctx.ledger().history("verifier")
-    rollback = next(e for e in history if e.kind == "rollback")
-    resumed = min(e.time for e in history if e.kind == "step" and e.time > rollback.time)
+    # The first step after the kill is the successor's (the old process is dead).
+    resumed = min(e.time for e in history if e.kind == "step" and e.time > t_kill)
     # While the verifier's trainer was dead and restoring, the solver's kept stepping.
     solver_meanwhile = [e for e in ctx.ledger().history("solver")
                         if e.kind == "step" and t_kill < e.time < resumed]
@@ -248,5 +248,8 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
     for p in ("solver", "verifier"):
         assert counts[p]["steps"] == 40 and counts[p]["duplicate_rows"] == 0
         assert counts[p]["violations"] == 0
-    assert counts["verifier"]["rollbacks"] == 1 and counts["verifier"]["voided_steps"] >= 1
+    # Killed between checkpoints, it lost steps: one rollback voids them (unless the trainer
+    # checkpointed in the instant between the test reading its step and the kill).
+    assert counts["verifier"]["rollbacks"] <= 1
+    assert (counts["verifier"]["voided_steps"] >= 1) == (counts["verifier"]["rollbacks"] == 1)
     assert counts["solver"]["rollbacks"] == 0
