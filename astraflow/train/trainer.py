@@ -18,6 +18,12 @@ records a rollback voiding them and trains their rows again, so in the
 effective ledger every row is trained exactly once. If weights were published
 from the lost steps, it publishes its restored model as a new version so that
 workers return to the lineage the trainer continues.
+
+Several policies: one trainer per policy, each on its own table, stages and
+weight stream, at its own pace. With `trainer.version_barrier` a due publish
+waits until every other policy has published the version this one holds (read
+from their progress files); training goes on meanwhile, and the pending
+publish is part of the checkpoint.
 """
 
 from __future__ import annotations
