@@ -231,9 +231,7 @@ class FlowSpec(_Spec):
 
     @model_validator(mode="after")
     def _roles_cover_policies(self) -> FlowSpec:
-        from astraflow.workflows import resolve_workflow
-
-        roles = resolve_workflow(self.workflow.name).role_names(self.workflow.params)
+        roles = self._roles()
         names = [p.name for p in self.policies]
         unknown = sorted(set(self.workflow.roles) - set(roles))
         if unknown:
@@ -264,13 +262,19 @@ class FlowSpec(_Spec):
                                  f"model shape; give both the same `model`")
         return self
 
-    def role_map(self) -> dict[str, str]:
-        """Role → policy, in the workflow's turn order."""
+    def _roles(self) -> tuple[str, ...]:
         from astraflow.workflows import resolve_workflow
 
-        roles = resolve_workflow(self.workflow.name).role_names(self.workflow.params)
+        return resolve_workflow(self.workflow.name).role_names(self.workflow.params)
+
+    def role_map(self) -> dict[str, str]:
+        """Role → policy, in the workflow's turn order."""
         only = self.policies[0].name if len(self.policies) == 1 else None
-        return {r: self.workflow.roles.get(r, only or r) for r in roles}
+        return {r: self.workflow.roles.get(r, only or r) for r in self._roles()}
+
+    def role_of(self, policy: str) -> str:
+        """The first role `policy` plays (its warm start and held-out metric are that role's)."""
+        return next(r for r, p in self.role_map().items() if p == policy)
 
     @property
     def policy(self) -> PolicySpec:

@@ -35,7 +35,6 @@ from astraflow.rollout.worker import make_workflow
 from astraflow.run import RESOLVED, RunContext
 from astraflow.stores import WeightError
 from astraflow.supervise import Component, Supervisor
-from astraflow.workflows import EvalItem
 
 log = logging.getLogger("astraflow.local")
 
@@ -65,14 +64,13 @@ def publish_version0(ctx: RunContext, console: Console) -> dict[str, Any]:
     that already has weights is skipped. Returns per-policy warm-start figures."""
     out: dict[str, Any] = {}
     workflow = make_workflow(ctx)
-    roles = {p: r for r, p in reversed(list(ctx.flow.role_map().items()))}  # first role wins
+    ws = ctx.weights()
     for name in ctx.flow.policy_names():
-        ws = ctx.weights()
-        if ws.latest(name) is not None:
-            console.print(f"[dim]weights of {name} exist (v{ws.latest(name)}); skipping warm start")
+        if (have := ws.latest(name)) is not None:
+            console.print(f"[dim]weights of {name} exist (v{have}); skipping warm start")
             continue
         pol = ctx.flow.policy_spec(name)
-        role = roles[name]
+        role = ctx.flow.role_of(name)
         m = pol.model
         model = tiny_llama(hidden_size=m.hidden_size, layers=m.layers, heads=m.heads,
                            intermediate_size=m.intermediate_size, seed=ctx.flow.seed)
@@ -111,16 +109,12 @@ class Evaluator:
     def __init__(self, ctx: RunContext, policy: str | None = None):
         self.ctx = ctx
         self.policy = policy or ctx.flow.policy.name
-        self.role = next(r for r, p in ctx.flow.role_map().items() if p == self.policy)
+        self.role = ctx.flow.role_of(self.policy)
         self.workflow = make_workflow(ctx)
         self.metric = self.workflow.metric_name(self.role)
         self.items = self.workflow.eval_items(self.role, ctx.flow.env.eval_size)
         self.ws = ctx.weights()
         self.engine: HFEngine | None = None
-
-    @property
-    def tasks(self) -> list[EvalItem]:
-        return self.items
 
     def __call__(self, version: int, n: int | None = None) -> float:
         path = self.ws.load(self.policy, version)

@@ -110,6 +110,9 @@ class RolloutWorker:
         self.batches = 0
         self.last_wait_s = 0.0
         self.open: set[str] = set(self.policies)  # policies whose rows the next batch appends
+        ro = ctx.flow.rollout  # checked every poll: worked out once
+        self.backlog_limit = {p: ro.max_backlog_batches * ctx.flow.batch_rows(p)
+                              for p in self.policies}
         self.reload_s: dict[str, float] = defaultdict(float)
 
     @property
@@ -172,9 +175,8 @@ class RolloutWorker:
             self.newest[policy] = progress.weight_version
         held, newest = self.versions[policy], self.newest[policy]
         lag = 0 if newest is None or held is None else newest - held
-        limit = self.ctx.flow.rollout.max_backlog_batches * self.ctx.flow.batch_rows(policy)
         return (held is not None and lag <= self.ctx.flow.rollout.max_weight_lag
-                and self.backlog_rows(progress, policy) < limit)
+                and self.backlog_rows(progress, policy) < self.backlog_limit[policy])
 
     def wait_for_room(self, should_stop=lambda: False, poll_s: float = 0.05) -> float:
         """Block until some policy is open and every policy has weights; returns seconds
