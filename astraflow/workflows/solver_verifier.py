@@ -37,10 +37,11 @@ calls everything wrong (or right) scores 50%.
 from __future__ import annotations
 
 import random
-from typing import Any, ClassVar
+from typing import Any
 
 from astraflow.envs.math import Task
-from astraflow.workflows.base import Actor, Demo, EvalItem, Part, Workflow
+from astraflow.workflows.base import Actor, EvalItem, Part
+from astraflow.workflows.single import SingleTurn
 
 YES, NO = "Y", "N"
 
@@ -70,8 +71,8 @@ def transcript(answer_text: str, verdict: str) -> str:
     return f";{answer_text}?{verdict}"
 
 
-class SolverVerifier(Workflow):
-    metric: ClassVar[dict[str, str]] = {"solver": "accuracy"}
+class SolverVerifier(SingleTurn):
+    """The solver's turn, demos and held-out checks are `single`'s; verifiers add theirs."""
 
     def __init__(self, env, codec, *, samples_per_prompt: int, verifiers: int = 1,
                  judge_samples: int = 1, **params: Any):
@@ -95,24 +96,12 @@ class SolverVerifier(Workflow):
     def metric_name(self, role: str) -> str:
         return "accuracy" if role == "solver" else "judgement accuracy"
 
-    def _ids(self, text: str) -> list[int]:
-        return self.codec.encode(text)[1:]  # no BOS: a continuation
-
     def episodes(self, tasks: list[Task], actor: Actor) -> list[Part]:
         codec, k, m = self.codec, self.k, self.judge_samples
+        parts = super().episodes(tasks, actor)  # the solver's turn (and its env wait)
+        # Per solver sample, in order: (answer text, right?).
+        answers = [(codec.decode(p.completion_ids), p.reward == 1.0) for p in parts]
         prompts = [codec.encode(t.prompt) for t in tasks]
-        gen = actor.generate("solver", prompts, samples=k,
-                             max_new_tokens=self.max_new_tokens("solver"))
-        actor.env_wait()
-        parts: list[Part] = []
-        answers: list[tuple[str, bool]] = []  # per solver sample: (answer text, right?)
-        for i, (comp, lps) in enumerate(zip(gen.completions, gen.logprobs, strict=True)):
-            j = i // k
-            text = codec.decode(comp)
-            right = self.env.reward(tasks[j], text) == 1.0
-            parts.append(Part.own_turn("solver", tasks[j].task_id, f"s{j}", prompts[j], comp, lps,
-                                       float(right)))
-            answers.append((text, right))
         # A verdict counts only when the working behind it is right. Rewarding any right
         # verdict pays the verifier for disagreeing with the solver: started from the
         # solver's weights it shares the solver's slips, so a wrong answer it would have
@@ -129,22 +118,16 @@ class SolverVerifier(Workflow):
                 said = agree(working, text)
                 reward = float((said == YES) == right
                                and self.env.reward(tasks[j], working) == 1.0)
-                parts.append(Part.from_segments(role, tasks[j].task_id, f"v{j}", prompts[j], [
-                    (comp, lps), (self._ids(transcript(text, said)), None)], reward))
+                tool = codec.encode(transcript(text, said))[1:]  # no BOS: a continuation
+                parts.append(Part.from_segments(role, tasks[j].task_id, f"v{j}", prompts[j],
+                                                [(comp, lps), (tool, None)], reward))
         if self.verifier_roles:
             actor.env_wait()
         return parts
 
-    def demo(self, role: str, rng: random.Random) -> Demo:
-        """Both roles' own turns are a worked answer: their demos are the same."""
-        t = self.env.sample(rng)
-        answer = self._ids(t.answer) + [self.codec.eos_id]
-        return Demo(self.codec.encode(t.prompt), answer, [1] * len(answer))
-
     def items(self, role: str, tasks: list[Task], rng: random.Random) -> list[EvalItem]:
         if role == "solver":
-            return [EvalItem(t.prompt, lambda text, t=t: self.env.reward(t, text) == 1.0)
-                    for t in tasks]
+            return super().items(role, tasks, rng)
         out = []
         for i, t in enumerate(tasks):
             right = i % 2 == 0
@@ -152,6 +135,3 @@ class SolverVerifier(Workflow):
             want = YES if right else NO
             out.append(EvalItem(t.prompt, lambda text, c=cand, w=want: agree(text, c) == w))
         return out
-
-    def max_new_tokens(self, role: str) -> int:
-        return self.env.max_new_tokens()  # both roles write an answer
