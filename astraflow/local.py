@@ -33,7 +33,7 @@ from astraflow.report import ledger_totals, plot, write_summary
 from astraflow.rollout.engine import HFEngine
 from astraflow.rollout.worker import make_workflow
 from astraflow.run import RESOLVED, RunContext
-from astraflow.stores import WeightError
+from astraflow.stores import Ledger, WeightError
 from astraflow.supervise import Component, Supervisor
 
 log = logging.getLogger("astraflow.local")
@@ -201,7 +201,7 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
                 last_show = now
                 _show(console, now - t0, latest, live)
             if now - last_eval >= flow.stop.eval_every_s:
-                point = live_eval(ctx, evaluators, flow.stop.live_eval_size)
+                point = live_eval(ctx, ledger, evaluators, flow.stop.live_eval_size)
                 if point is not None:
                     point["t"] = time.time() - t0
                     live.append(point)
@@ -255,7 +255,8 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
     return summary
 
 
-def live_eval(ctx: RunContext, evaluators: dict[str, Evaluator], n: int) -> dict[str, Any] | None:
+def live_eval(ctx: RunContext, ledger: Ledger, evaluators: dict[str, Evaluator],
+              n: int) -> dict[str, Any] | None:
     """Held-out metric of each policy on a slice: every policy at its newest version, or,
     with `trainer.version_barrier`, all at the newest version every policy has published."""
     ws = ctx.weights()
@@ -273,7 +274,8 @@ def live_eval(ctx: RunContext, evaluators: dict[str, Evaluator], n: int) -> dict
             log.info("live eval of %s v%s skipped: %s", p, newest[p], err)
             return None
         point["accuracy"][p] = acc
-        ctx.ledger().log("eval", p, newest[p], {"heldout_accuracy": acc})  # type: ignore[arg-type]
+    ledger.log_many("eval", [(p, newest[p], {"heldout_accuracy": acc})  # type: ignore[misc]
+                             for p, acc in point["accuracy"].items()])
     return point
 
 
@@ -302,8 +304,9 @@ def _show(console: Console, t: float, latest: dict[str, dict[str, float]],
 def _maintain(ctx: RunContext) -> None:
     """Compact the run's tables so reads stay fast as small commits pile up."""
     try:
+        traj = ctx.trajectories()
         for p in ctx.flow.policy_names():
-            ctx.trajectories().maintain(p)
+            traj.maintain(p)
         ctx.ledger().maintain()
     except Exception as err:  # maintenance is best effort; data is never at stake here
         log.warning("maintenance skipped: %s", err)

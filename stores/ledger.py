@@ -172,14 +172,21 @@ class Ledger:
         return entries[-1] if entries else None
 
     def log(self, component: str, policy: str, step: int, values: dict[str, float]) -> None:
+        self.log_many(component, [(policy, step, values)])
+
+    def log_many(self, component: str,
+                 entries: list[tuple[str, int, dict[str, float]]]) -> None:
+        """Metrics of several policies, (policy, step, values) each, in one commit: a
+        worker serving N policies writes one metrics commit per batch, not N."""
         now = time.time()
         rows = [
             {"time": now, "component": component, "policy": policy, "step": step,
              "name": k, "value": float(v)}
-            for k, v in values.items()
+            for policy, step, values in entries for k, v in values.items()
         ]
-        _lance.append(self.metrics, pa.Table.from_pylist(rows, schema=METRICS_SCHEMA),
-                      where=self.uri, budget_s=self.budget_s)
+        if rows:
+            _lance.append(self.metrics, pa.Table.from_pylist(rows, schema=METRICS_SCHEMA),
+                          where=self.uri, budget_s=self.budget_s)
 
     def read_metrics(self, *, since: float = 0.0, names: list[str] | None = None) -> pa.Table:
         flt = f"time > {since!r}"

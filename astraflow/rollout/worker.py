@@ -216,6 +216,7 @@ class RolloutWorker:
             })
         self.batches += 1
         total = 0
+        metrics = []
         for policy, prow in rows.items():
             if not prow:
                 raise RuntimeError(f"workflow {self.ctx.flow.workflow.name!r} produced no part "
@@ -225,13 +226,14 @@ class RolloutWorker:
             if not shed:
                 self.traj.append(policy, prow)
                 total += len(prow)
-            self.ledger.log("rollout", policy, self.batches, {
+            metrics.append((policy, self.batches, {
                 "gen_s": actor.gen_s[policy], "env_wait_s": actor.env_wait_s,
                 "append_s": time.time() - t_a, "batch_s": t_roll - t0,
                 "backpressure_s": self.last_wait_s, "rows": 0 if shed else len(prow),
                 "rows_shed": len(prow) if shed else 0, "reload_s": self.reload_s.pop(policy, 0.0),
                 "reward_mean": sum(r["reward"] for r in prow) / len(prow),
-            })
+            }))
+        self.ledger.log_many("rollout", metrics)
         return total
 
     def run(self, *, max_batches: int | None = None, deadline: float | None = None,
