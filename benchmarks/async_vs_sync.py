@@ -23,28 +23,22 @@ import statistics
 import time
 from pathlib import Path
 
-from common import seed_version0, version0
+from common import run_from_version0, steady_rates, time_to, version0
 from rich.console import Console
 
-from astraflow.flow import load_flow
-from astraflow.local import prepare_run, run_local
 from astraflow.run import RunContext, quiet_libraries
 
 
-def one_run(flow_path: str, root: Path, v0: Path, mode: str, latency: float, steps: int,
-            sets: dict, console: Console) -> dict:
+def one_run(flow_path: str, root: Path, v0: dict[str, Path], mode: str, latency: float,
+            steps: int, sets: dict, console: Console) -> dict:
     overrides = {"name": f"bench-{mode}-{int(latency)}ms", "mode": mode,
                  "env.turn_latency_ms": latency, "stop.max_steps": steps, "stop.max_minutes": 60,
                  "stop.target_accuracy": None, "stop.eval_every_s": 5, "stop.live_eval_size": 200,
                  **sets}
-    spec = load_flow(flow_path, overrides)
-    ctx = prepare_run(spec, root, overwrite=True)
-    seed_version0(ctx, v0)
-    summary = run_local(ctx, Console(quiet=True))
+    ctx, summary = run_from_version0(flow_path, root, v0, overrides)
     summary["breakdown"] = breakdown(ctx)
-    times = [e.time for e in ctx.ledger().entries(spec.policy.name)]
     # Steady state: seconds per step between the first and last step (no process start-up).
-    summary["steady_s_per_step"] = (times[-1] - times[0]) / max(len(times) - 1, 1)
+    summary["steady_s_per_step"] = 1 / steady_rates(ctx)[ctx.flow.policy.name]["steps_per_s"]
     console.print(f"  {mode:5s} {latency:4.0f} ms: {summary['ledger']['steps']} steps in "
                   f"{summary['rl_seconds']:.1f}s, final accuracy {summary['accuracy_final']:.1%}")
     return summary
@@ -60,13 +54,6 @@ def breakdown(ctx: RunContext) -> dict[str, float]:
         if vals:
             out[f"{comp}.{name}"] = statistics.mean(vals)
     return out
-
-
-def time_to(summary: dict, target: float) -> float | None:
-    for e in summary["live_eval"]:
-        if e["accuracy"].get(summary["policy"], 0.0) >= target:
-            return e["t"]
-    return None
 
 
 def main() -> None:

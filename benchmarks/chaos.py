@@ -37,7 +37,7 @@ from astraflow.local import prepare_run
 from astraflow.run import RunContext, quiet_libraries
 
 
-def start_run(flow_path: str, root: Path, v0: Path, name: str, steps: int,
+def start_run(flow_path: str, root: Path, v0: dict[str, Path], name: str, steps: int,
               sets: dict) -> tuple[subprocess.Popen, Path]:
     overrides = {"name": name, "stop.max_steps": steps, "stop.max_minutes": 60,
                  "stop.target_accuracy": None, **sets}

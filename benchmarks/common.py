@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from astraflow.flow import load_flow
-from astraflow.local import prepare_run, publish_version0
+from astraflow.local import prepare_run, publish_version0, run_local
 from astraflow.run import RESOLVED, RunContext
 
 
@@ -43,3 +43,33 @@ def seed_version0(ctx: RunContext, v0: dict[str, Path]) -> None:
             if f.name != "MANIFEST.json":
                 shutil.copy2(f, staging / f.name)
         ws.publish(policy, staging, step=0, version=0)
+
+
+def run_from_version0(flow_path: str, root: Path, v0: dict[str, Path],
+                      overrides: dict[str, Any]) -> tuple[RunContext, dict[str, Any]]:
+    """A fresh run of the flow (with `overrides`) from the cached version 0, in this
+    process; returns its context and summary."""
+    ctx = prepare_run(load_flow(flow_path, overrides), root, overwrite=True)
+    seed_version0(ctx, v0)
+    return ctx, run_local(ctx, Console(quiet=True))
+
+
+def steady_rates(ctx: RunContext) -> dict[str, dict[str, float]]:
+    """Each policy's own pace between its first and last step: process start-up and warm
+    start excluded, and not diluted by waiting for the slowest trainer to finish."""
+    out = {}
+    for p in ctx.flow.policy_names():
+        entries = sorted(ctx.ledger().entries(p), key=lambda e: e.time)
+        span = max(entries[-1].time - entries[0].time, 1e-9)
+        out[p] = {"steps_per_s": (len(entries) - 1) / span,
+                  "rows_per_s": sum(e.rows_read for e in entries[1:]) / span}
+    return out
+
+
+def time_to(summary: dict[str, Any], target: float) -> float | None:
+    """Seconds until the live held-out accuracy of the run's primary policy first
+    reached `target` (None: never)."""
+    for e in summary["live_eval"]:
+        if e["accuracy"].get(summary["policy"], 0.0) >= target:
+            return e["t"]
+    return None

@@ -37,54 +37,29 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from common import seed_version0, version0
+from common import run_from_version0, steady_rates, time_to, version0
 from rich.console import Console
 
 from astraflow.flow import load_flow
-from astraflow.local import prepare_run, run_local
 from astraflow.policies import cluster_sim
 from astraflow.run import RunContext, quiet_libraries
 
 
 def one_run(flow_path: str, root: Path, v0: dict[str, Path], name: str, overrides: dict[str, Any],
             console: Console) -> dict[str, Any]:
-    spec = load_flow(flow_path, {"stop.max_minutes": 60, "stop.target_accuracy": None,
-                                 "stop.eval_every_s": 5, "stop.live_eval_size": 200,
-                                 **overrides, "name": name})
-    ctx = prepare_run(spec, root, overwrite=True)
-    seed_version0(ctx, v0)
-    summary = run_local(ctx, Console(quiet=True))
+    ctx, summary = run_from_version0(flow_path, root, v0, {
+        "stop.max_minutes": 60, "stop.target_accuracy": None, "stop.eval_every_s": 5,
+        "stop.live_eval_size": 200, **overrides, "name": name})
     summary["measured"] = measured(ctx)
-    summary["s_per_iteration"] = s_per_iteration(ctx)
     summary["steady"] = steady_rates(ctx)
+    # An iteration is one step of every policy: the slowest policy's steady pace sets it.
+    summary["s_per_iteration"] = max(1 / v["steps_per_s"] for v in summary["steady"].values())
     pol = summary["policies"]
     console.print(f"  {name:28s} {summary['rl_seconds']:6.1f}s, {summary['s_per_iteration']:.3f} "
                   f"s/iteration; " + ", ".join(
                       f"{p} {v['metric']} {v['accuracy_v0']:.1%}→{v['accuracy_final']:.1%}"
                       for p, v in pol.items()))
     return summary
-
-
-def s_per_iteration(ctx: RunContext) -> float:
-    """Steady seconds per iteration: the slowest policy's seconds per step between its
-    first and last step (process start-up and warm start excluded)."""
-    worst = 0.0
-    for p in ctx.flow.policy_names():
-        times = sorted(e.time for e in ctx.ledger().entries(p))
-        worst = max(worst, (times[-1] - times[0]) / max(len(times) - 1, 1))
-    return worst
-
-
-def steady_rates(ctx: RunContext) -> dict[str, dict[str, float]]:
-    """Each policy's own pace between its first and last step (the run ends when the
-    slowest trainer is done, so whole-run averages would make every policy look alike)."""
-    out = {}
-    for p in ctx.flow.policy_names():
-        entries = sorted(ctx.ledger().entries(p), key=lambda e: e.time)
-        span = max(entries[-1].time - entries[0].time, 1e-9)
-        out[p] = {"steps_per_s": (len(entries) - 1) / span,
-                  "rows_per_s": sum(e.rows_read for e in entries[1:]) / span}
-    return out
 
 
 def _mean(rows: list[dict], component: str, policy: str, name: str, positive: bool = False) -> float:
@@ -117,13 +92,6 @@ def measured(ctx: RunContext) -> dict[str, Any]:
     appends = [r["value"] for r in rows if r["component"] == "rollout" and r["name"] == "append_s"]
     return {"policies": pols, "env_wait_s": ctx.flow.env.turn_latency_ms / 1000.0,
             "append_s": statistics.mean(appends) if appends else 0.0}
-
-
-def time_to(summary: dict[str, Any], target: float) -> float | None:
-    for e in summary["live_eval"]:
-        if e["accuracy"].get(summary["policy"], 0.0) >= target:
-            return e["t"]
-    return None
 
 
 def scale_overrides(flow_path: str, n: int) -> dict[str, Any]:
