@@ -9,14 +9,6 @@ from typing import Any
 from astraflow.run import RunContext
 
 
-def metric_series(ctx: RunContext, name: str, component: str | None = None,
-                  policy: str | None = None) -> list[tuple[float, float]]:
-    t = ctx.ledger().read_metrics(names=[name]).to_pylist()
-    rows = [r for r in t if (component is None or r["component"] == component)
-            and (policy is None or r["policy"] == policy)]
-    return sorted((r["time"], r["value"]) for r in rows)
-
-
 def ledger_totals(ctx: RunContext, policy: str | None = None) -> dict[str, int]:
     entries = ctx.ledger().entries(policy or ctx.flow.policy.name)
     return {
