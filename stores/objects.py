@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from astraflow.stores import retry
-from astraflow.stores.uri import arrow_filesystem, is_remote
+from astraflow.stores.uri import S3Settings, arrow_filesystem, is_remote
 
 CHUNK = 8 << 20
 
@@ -44,11 +44,13 @@ def _replace(path: Path, fill: Callable[[Path], object]) -> None:
 class ObjectStore:
     """Whole-file storage rooted at `uri` (paths below are '/'-separated, relative)."""
 
-    def __init__(self, uri: str | Path, *, retry_budget_s: float = retry.DEFAULT_BUDGET_S):
+    def __init__(self, uri: str | Path, *, retry_budget_s: float = retry.DEFAULT_BUDGET_S,
+                 settings: S3Settings | None = None):
         self.uri = str(uri).rstrip("/")
         self.remote = is_remote(uri)
         self.budget_s = retry_budget_s
-        self.fs, self.base = arrow_filesystem(uri)
+        self.settings = settings
+        self.fs, self.base = arrow_filesystem(uri, settings=settings)
         if not self.remote:
             Path(self.base).mkdir(parents=True, exist_ok=True)
 
@@ -127,16 +129,19 @@ class ObjectStore:
 
     def walk(self, rel: str = "") -> list[str]:
         """Every file below `rel`, as paths relative to `rel` (one listing on S3)."""
+        return sorted(self.sizes(rel))
+
+    def sizes(self, rel: str = "") -> dict[str, int]:
+        """Size of every file below `rel`, keyed like `walk` (one listing on S3)."""
         root = self.path(rel)
         if not self.remote:
             base = Path(root)
-            if not base.exists():
-                return []
-            return sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file())
+            return ({p.relative_to(base).as_posix(): p.stat().st_size
+                     for p in base.rglob("*") if p.is_file()} if base.exists() else {})
         sel = pafs.FileSelector(root, recursive=True, allow_not_found=True)
         infos = self._call(lambda: self.fs.get_file_info(sel), f"listing {rel or '/'}")
         n = len(root) + 1
-        return sorted(i.path[n:] for i in infos if i.type == pafs.FileType.File)
+        return {i.path[n:]: i.size for i in infos if i.type == pafs.FileType.File}
 
     def numbered(self, rel: str, prefix: str, marker: str) -> list[int]:
         """N for every folder `<rel>/<prefix><N>/` that holds `marker`, ascending.

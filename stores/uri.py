@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+#: Secret variables; any variable *ending* in one is redacted too, because a weight
+#: replica on another endpoint reads `<prefix>AWS_*` (`store.replicas[].credentials_env`).
 SECRET_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 
 
@@ -61,15 +63,26 @@ class S3Settings:
     session_token: str | None
 
     @classmethod
-    def from_env(cls) -> S3Settings:
+    def from_env(cls, prefix: str = "", *, endpoint: str | None = None) -> S3Settings:
+        """Settings from `<prefix>AWS_*` variables; `endpoint` (from a flow's replica
+        spec, never secret) overrides the endpoint variable."""
         env = os.environ
+
+        def get(*names: str) -> str | None:
+            return next((env[prefix + n] for n in names if env.get(prefix + n)), None)
+
         return cls(
-            endpoint=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
-            region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
-            access_key=env.get("AWS_ACCESS_KEY_ID") or None,
-            secret_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
-            session_token=env.get("AWS_SESSION_TOKEN") or None,
+            endpoint=endpoint or get("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+            region=get("AWS_REGION", "AWS_DEFAULT_REGION"),
+            access_key=get("AWS_ACCESS_KEY_ID"),
+            secret_key=get("AWS_SECRET_ACCESS_KEY"),
+            session_token=get("AWS_SESSION_TOKEN"),
         )
+
+    @property
+    def key(self) -> str:
+        """What tells two stores with the same bucket name apart (cache folders)."""
+        return self.endpoint or ""
 
     def __repr__(self) -> str:  # never print the keys, even by accident
         return f"S3Settings(endpoint={self.endpoint!r}, region={self.region!r}, keys=<redacted>)"
@@ -107,15 +120,17 @@ def lance_storage_options(uri: str | Path, timeout_s: float = 5.0) -> dict[str, 
     return opts
 
 
-def arrow_filesystem(uri: str | Path, timeout_s: float = 10.0) -> tuple[Any, str]:
-    """A pyarrow filesystem and the path inside it for `uri`."""
+def arrow_filesystem(uri: str | Path, timeout_s: float = 10.0,
+                     settings: S3Settings | None = None) -> tuple[Any, str]:
+    """A pyarrow filesystem and the path inside it for `uri` (`settings`: default
+    from the environment's AWS_* variables)."""
     import pyarrow.fs as pafs
 
     if not is_remote(uri):
         path = local_path(uri).resolve()
         return pafs.LocalFileSystem(), path.as_posix()
     check_uri(uri)
-    s = S3Settings.from_env()
+    s = settings or S3Settings.from_env()
     kwargs: dict[str, Any] = {
         "region": s.region or "us-east-1",
         "connect_timeout": 2.0,
@@ -143,9 +158,8 @@ def redact(text: object) -> str:
     sometimes echo request details, and a leaked key in a log is a leaked key.
     """
     out = str(text)
-    for var in SECRET_VARS:
-        val = os.environ.get(var)
-        if val and len(val) >= 4:
+    for var, val in os.environ.items():
+        if var.endswith(SECRET_VARS) and val and len(val) >= 4:
             out = out.replace(val, "***")
     # Signed URLs and auth headers carry derived secrets; drop their values too.
     out = re.sub(r"(X-Amz-(?:Signature|Credential|Security-Token)=)[^&\s]+", r"\1***", out)

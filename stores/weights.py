@@ -27,6 +27,7 @@ from typing import Any
 
 from astraflow.stores import retry
 from astraflow.stores.objects import ObjectStore
+from astraflow.stores.uri import S3Settings
 
 MANIFEST = "MANIFEST.json"
 FORMAT = 1
@@ -79,8 +80,9 @@ def cache_root() -> Path:
 class WeightStore:
     """Weight versions of every policy under one root (directory or s3:// URI)."""
 
-    def __init__(self, root: str | Path, *, retry_budget_s: float = retry.DEFAULT_BUDGET_S):
-        self.objects = ObjectStore(root, retry_budget_s=retry_budget_s)
+    def __init__(self, root: str | Path, *, retry_budget_s: float = retry.DEFAULT_BUDGET_S,
+                 settings: S3Settings | None = None):
+        self.objects = ObjectStore(root, retry_budget_s=retry_budget_s, settings=settings)
         self.root = self.objects.local() or Path(self.objects.uri)
 
     @staticmethod
@@ -92,7 +94,8 @@ class WeightStore:
         local = self.objects.local(self._rel(policy, version))
         if local is not None:
             return local
-        key = hashlib.sha256(self.objects.uri.encode()).hexdigest()[:16]
+        endpoint = (self.objects.settings or S3Settings.from_env()).key
+        key = hashlib.sha256(f"{endpoint} {self.objects.uri}".encode()).hexdigest()[:16]
         return cache_root() / "weights" / key / policy / f"v{version:08d}"
 
     def staging_dir(self, policy: str) -> Path:
@@ -130,12 +133,17 @@ class WeightStore:
         )
 
     def publish(self, policy: str, src: Path, *, step: int, version: int | None = None,
-                parent: int | None = None) -> int:
+                parent: int | None = None, keep_src: bool = False,
+                expect: Manifest | None = None) -> int:
         """Turn a staged folder into the next version; the manifest is written last.
 
-        `src` is consumed (moved in locally, uploaded then deleted for S3).
+        `src` is consumed (moved in locally, uploaded then deleted for S3)
+        unless `keep_src` (a mirror publishes from a verified copy it keeps).
         `parent` defaults to the newest version; a trainer restored from a
-        checkpoint names the version it really descends from.
+        checkpoint names the version it really descends from. With `expect`
+        (a mirror: the source's manifest) the files must hash to exactly that
+        manifest, and the uploaded objects are checked by size before the
+        manifest makes the version visible.
         """
         src = Path(src)
         files = sorted(p for p in src.iterdir() if p.is_file())
@@ -146,26 +154,47 @@ class WeightStore:
         latest = self.latest(policy)
         if version is None:
             version = 0 if latest is None else latest + 1
-        parent = latest if parent is None else parent
+        if expect is not None:
+            parent = expect.parent  # a mirror copies lineage as it is (v0 has none)
+        elif parent is None:
+            parent = latest
         if self.objects.exists(self._rel(policy, version, MANIFEST)):
             raise WeightError(f"{policy} v{version} already exists in {self.objects.uri}")
         entries = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+        if expect is not None and entries != expect.files:
+            raise TamperedWeights(f"{policy} v{version}: the files to mirror do not match the "
+                                  f"source manifest")
         local = self.objects.local(self._rel(policy, version))
         if local is not None:
             if local.exists():  # a publish killed before its manifest: never visible, replace it
                 shutil.rmtree(local)
-            os.replace(src, local)  # atomic on one filesystem; still invisible: no manifest
+            local.parent.mkdir(parents=True, exist_ok=True)
+            if keep_src:
+                shutil.copytree(src, local)
+            else:
+                os.replace(src, local)  # atomic on one filesystem; still invisible: no manifest
         else:
             for p in files:
                 self.objects.put_file(p, self._rel(policy, version, p.name))
-            shutil.rmtree(src, ignore_errors=True)
+            if not keep_src:
+                shutil.rmtree(src, ignore_errors=True)
+        if expect is not None:
+            self._check_arrived(policy, version, entries)
         manifest = {
             "format": FORMAT, "policy": policy, "version": version, "step": step,
-            "parent": parent, "time": time.time(), "files": entries,
+            "parent": parent, "time": expect.time if expect else time.time(), "files": entries,
         }
         self.objects.put_bytes(self._rel(policy, version, MANIFEST),
                                json.dumps(manifest, indent=1).encode())
         return version
+
+    def _check_arrived(self, policy: str, version: int, entries: dict[str, dict[str, Any]]) -> None:
+        """Every uploaded object is there with its size (one listing), before the manifest."""
+        sizes = self.objects.sizes(self._rel(policy, version))
+        for name, meta in entries.items():
+            if sizes.get(name) != int(meta["size"]):
+                raise TamperedWeights(f"{policy} v{version}: {name} arrived as {sizes.get(name)} "
+                                      f"bytes at {self.objects.uri}, expected {meta['size']}")
 
     def load(self, policy: str, version: int, *, refresh: bool = False) -> Path:
         """Verify every file of a version and return a local folder holding it.

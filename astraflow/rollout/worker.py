@@ -41,7 +41,7 @@ import torch
 
 from astraflow.envs.math import MathEnv
 from astraflow.models.tokenizer import CharCodec
-from astraflow.rollout.engine import Generation, HFEngine
+from astraflow.rollout.engine import Engine, Generation, make_engine
 from astraflow.run import RunContext
 from astraflow.stores import Progress, TamperedWeights, WeightError
 from astraflow.workflows import Workflow, resolve_workflow
@@ -94,7 +94,8 @@ class RolloutWorker:
         self.policies = ctx.flow.policy_names()
         self.region = region or os.environ.get("ASTRAFLOW_REGION", "local")
         self.traj = ctx.trajectories()
-        self.weights = ctx.weights()
+        # A worker in a region with a weight replica reads from it: near, and cheap egress.
+        self.weights = ctx.weights(self.region)
         self.ledger = ctx.ledger()
         self.codec = CharCodec.default()
         self.workflow = make_workflow(ctx, self.codec)
@@ -103,7 +104,7 @@ class RolloutWorker:
         seed = hash((ctx.flow.seed, worker_id, time.time_ns())) & 0x7FFFFFFF
         self.rng = random.Random(seed)
         self.gen = torch.Generator().manual_seed(seed)
-        self.engines: dict[str, HFEngine] = {}
+        self.engines: dict[str, Engine] = {}
         self.versions: dict[str, int | None] = dict.fromkeys(self.policies)
         self.newest: dict[str, int | None] = dict.fromkeys(self.policies)
         self.host = socket.gethostname()
@@ -147,7 +148,7 @@ class RolloutWorker:
             return False
         try:
             if policy not in self.engines:
-                self.engines[policy] = HFEngine.from_dir(path)
+                self.engines[policy] = make_engine(self.ctx.flow.rollout.engine, path)
             else:
                 self.engines[policy].load_weights(path)
         except FileNotFoundError as err:  # pruned while reading: keep what we had
@@ -171,6 +172,9 @@ class RolloutWorker:
         progress = self.ledger.progress(policy)
         if progress is None or progress.weight_version != self.versions[policy]:
             self._refresh(policy)
+            if progress is not None and self.newest[policy] is not None:
+                # A replica may trail the trainer: the lag counts from the trainer's newest.
+                self.newest[policy] = max(self.newest[policy], progress.weight_version)
         else:
             self.newest[policy] = progress.weight_version
         held, newest = self.versions[policy], self.newest[policy]

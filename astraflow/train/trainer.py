@@ -39,6 +39,7 @@ from astraflow.models.factory import load_policy, save_policy
 from astraflow.models.tokenizer import CharCodec
 from astraflow.run import RunContext
 from astraflow.stores import LedgerEntry, Progress, Slice, replay
+from astraflow.stores.mirror import Mirror
 from astraflow.train import checkpoint
 from astraflow.train.loss import completion_logprobs, ppo_clip_loss
 
@@ -70,7 +71,11 @@ class Trainer:
         self.batch_rows = ctx.flow.batch_rows(self.policy)
         self.others = [p for p in ctx.flow.policy_names() if p != self.policy]
         self.publish_pending = False
+        # Replicas near rollout pools get each version from a background thread.
+        self.mirror = Mirror(self.weights, ctx.replicas(), self.policy,
+                             keep_last=ctx.flow.store.keep_last)
         self._restore()
+        self.mirror.start()
         self._last_step_end = time.time()
 
     def _restore(self) -> None:
@@ -79,7 +84,7 @@ class Trainer:
         if not versions:
             raise RuntimeError(
                 f"no weight version of policy {self.policy!r} in {self.ctx.weights_root}; "
-                f"version 0 is published by `astraflow run` (warm start) before trainers start"
+                f"version 0 is published by `astraflow run`, or by `astraflow train` itself when started alone"
             )
         ckpt = self.checkpoints.latest(self.policy)
         latest = versions[-1]
@@ -242,6 +247,7 @@ class Trainer:
         self.version = self.weights.publish(self.policy, staging, step=self.step, parent=parent)
         store = self.ctx.flow.store
         self.weights.prune(self.policy, keep_last=store.keep_last, keep_every=store.keep_every)
+        self.mirror.kick()
         return time.time() - t0
 
     def run(self, *, max_steps: int | None = None, deadline: float | None = None,
@@ -268,4 +274,5 @@ class Trainer:
         took = self.save_checkpoint()
         if took:
             log.info("checkpointed %s after step %d in %.2fs", self.policy, self.step - 1, took)
+        self.mirror.stop(timeout=10.0)  # the newest version out to the replicas, if it can
         return self.step
