@@ -35,7 +35,7 @@ log = logging.getLogger("astraflow.mirror")
 def mirror_version(src: WeightStore, dst: WeightStore, policy: str, version: int) -> int:
     """Copy one verified version from `src` into `dst`, manifest last; returns bytes."""
     man = src.manifest(policy, version)
-    path = src.load(policy, version)  # raises TamperedWeights rather than copy bad bytes
+    path = src.load(policy, version, manifest=man)  # TamperedWeights rather than copy bad bytes
     dst.publish(policy, path, step=man.step, version=version, keep_src=True, expect=man)
     return man.total_bytes
 
@@ -64,7 +64,8 @@ def sync_replica(src: WeightStore, dst: WeightStore, policy: str, *, keep_last: 
                 continue  # pruned at the source while we copied
             raise RuntimeError(redact(f"mirroring {policy} v{v} to {dst.objects.uri}: {err}")) from err
         copied.append(v)
-    dst.prune(policy, keep_last=keep_last)
+    if len(have) + len(copied) > keep_last + 1:
+        dst.prune(policy, keep_last=keep_last)
     return copied
 
 

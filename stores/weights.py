@@ -151,15 +151,15 @@ class WeightStore:
             raise WeightError(f"nothing to publish in {src}")
         for p in files:
             _check_allowed(p.name)
-        latest = self.latest(policy)
-        if version is None:
-            version = 0 if latest is None else latest + 1
-        if expect is not None:
-            parent = expect.parent  # a mirror copies lineage as it is (v0 has none)
-        elif parent is None:
-            parent = latest
-        if self.objects.exists(self._rel(policy, version, MANIFEST)):
-            raise WeightError(f"{policy} v{version} already exists in {self.objects.uri}")
+        if expect is not None:  # a mirror, which listed the replica: number and lineage as they are
+            version, parent = expect.version, expect.parent
+        else:
+            latest = self.latest(policy)
+            parent = latest if parent is None else parent
+            if version is None:  # the listing just said it is free: no second request
+                version = 0 if latest is None else latest + 1
+            elif self.objects.exists(self._rel(policy, version, MANIFEST)):
+                raise WeightError(f"{policy} v{version} already exists in {self.objects.uri}")
         entries = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
         if expect is not None and entries != expect.files:
             raise TamperedWeights(f"{policy} v{version}: the files to mirror do not match the "
@@ -196,7 +196,8 @@ class WeightStore:
                 raise TamperedWeights(f"{policy} v{version}: {name} arrived as {sizes.get(name)} "
                                       f"bytes at {self.objects.uri}, expected {meta['size']}")
 
-    def load(self, policy: str, version: int, *, refresh: bool = False) -> Path:
+    def load(self, policy: str, version: int, *, refresh: bool = False,
+             manifest: Manifest | None = None) -> Path:
         """Verify every file of a version and return a local folder holding it.
 
         Raises TamperedWeights on any size/sha256 mismatch, missing or extra
@@ -204,8 +205,9 @@ class WeightStore:
         cached copy that fails verification is fetched again before giving up
         (the cache, not the store, may be what is damaged); `refresh` skips
         the cache altogether (the audit verifies the objects in the store).
+        `manifest`: one the caller just read (a mirror), to save reading it again.
         """
-        man = self.manifest(policy, version)
+        man = manifest or self.manifest(policy, version)
         d = self.dir(policy, version)
         if self.objects.remote:
             self._download(policy, version, man, d, everything=refresh)
@@ -237,16 +239,28 @@ class WeightStore:
 
     def _download(self, policy: str, version: int, man: Manifest, d: Path, *,
                   everything: bool = False) -> None:
-        """Fetch the files the cache lacks or holds with the wrong size (or all of them)."""
-        remote = set(self.objects.walk(self._rel(policy, version))) - {MANIFEST}
-        for name in sorted(remote - set(man.files)):
-            _check_allowed(name)
-        for name in sorted(remote | set(man.files)):
+        """Fetch the files the cache lacks or holds with the wrong size (or all of them).
+
+        A worker's load fetches what the manifest lists and nothing else (one
+        GET per file, no listing): a stray object in the store is never
+        downloaded, so it cannot reach the engine. `everything` (the audit)
+        also lists the folder, fetches strays, and so refuses them in _verify.
+        """
+        names = set(man.files)
+        if everything:
+            remote = set(self.objects.walk(self._rel(policy, version))) - {MANIFEST}
+            for name in sorted(remote - names):
+                _check_allowed(name)
+            names |= remote
+        for name in sorted(names):
             p = d / name
             want = man.files.get(name, {}).get("size")
             fresh = p.is_file() and want is not None and p.stat().st_size == int(want)
-            if name in remote and (everything or not fresh):
-                self.objects.get_file(self._rel(policy, version, name), p)
+            if everything or not fresh:
+                try:
+                    self.objects.get_file(self._rel(policy, version, name), p)
+                except FileNotFoundError:
+                    pass  # _verify names the missing file
 
     def prune(
         self, policy: str, *, keep_last: int, keep_every: int = 0, protect: set[int] | None = None

@@ -1,0 +1,198 @@
+"""Publish + fetch of a weight version against a plain copy of the same bytes.
+
+    python benchmarks/weights.py [--repeats 5] [--sizes math,16m]
+
+What a version costs beyond moving its bytes: the weight store hashes every file
+(sha256) on publish, writes a manifest last, lists versions to find the newest,
+and verifies every file again on load. The baseline moves the same files with
+no manifest and no checks, through the same filesystem client:
+
+    local   publish = hash + rename into the store      plain = copy into a folder
+            fetch   = list + verify in place            plain = read every byte
+    s3      publish = hash + PUT each file + manifest   plain = PUT each file
+            fetch   = list + GET each file + verify     plain = GET each file
+    mirror  publish to A, mirror A→B (verify, PUT,      plain = PUT to A, GET from A,
+            size-check, manifest), fetch from B                 PUT to B, GET from B
+
+The S3 rows run against two moto servers on 127.0.0.1 (started and stopped
+here), so they measure request overhead and the local disk, not a WAN; the
+ratio is the claim (aim: at most 1.3). Sizes: `math` is the math flow's model
+(4 MB, so per-request costs dominate); `NNm` is a model of about NN million
+parameters in float32 (large files: hashing and bandwidth dominate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+def model_dir(size: str, root: Path) -> Path:
+    from astraflow.flow import load_flow
+    from astraflow.models.factory import save_policy, tiny_llama
+    from astraflow.models.tokenizer import build_char_tokenizer
+
+    if size == "math":
+        m = load_flow(ROOT / "examples/math.yaml").policies[0].model
+        model = tiny_llama(hidden_size=m.hidden_size, layers=m.layers, heads=m.heads,
+                           intermediate_size=m.intermediate_size)
+    else:
+        millions = float(size.rstrip("m"))
+        hidden = 512
+        layers = max(1, round(millions * 1e6 / (16 * hidden * hidden)))  # 4h² attention + 12h² MLP
+        model = tiny_llama(hidden_size=hidden, layers=layers, heads=8, intermediate_size=4 * hidden)
+    d = root / f"model-{size}"
+    d.mkdir(parents=True)
+    save_policy(model, build_char_tokenizer(), d)
+    return d
+
+
+def read_all(d: Path) -> int:
+    n = 0
+    for p in sorted(d.iterdir()):
+        with p.open("rb") as f:
+            while chunk := f.read(8 << 20):
+                n += len(chunk)
+    return n
+
+
+def bench_local(src: Path, work: Path, repeats: int) -> tuple[list[float], list[float]]:
+    from astraflow.stores import WeightStore
+
+    ours, plain = [], []
+    ws = WeightStore(work / "store")
+    for i in range(repeats):
+        staged = ws.staging_dir("p")
+        shutil.copytree(src, staged, dirs_exist_ok=True)
+        t0 = time.perf_counter()
+        ws.publish("p", staged, step=i)
+        reader = WeightStore(work / "store")
+        read_all(reader.load("p", reader.latest("p")))  # verify, then what a worker's load reads
+        t1 = time.perf_counter()
+        shutil.copytree(src, work / f"plain-{i}")
+        read_all(work / f"plain-{i}")
+        t2 = time.perf_counter()
+        ours.append(t1 - t0)
+        plain.append(t2 - t1)
+    return ours, plain
+
+
+def bench_s3(src: Path, bucket: str, work: Path, repeats: int) -> tuple[list[float], list[float]]:
+    from astraflow.stores import ObjectStore, WeightStore
+
+    ours, plain = [], []
+    uri = f"s3://{bucket}/bench-{uuid.uuid4().hex[:6]}"
+    ws = WeightStore(f"{uri}/weights")
+    objects = ObjectStore(f"{uri}/plain")
+    names = sorted(p.name for p in src.iterdir())
+    for i in range(repeats):
+        staged = ws.staging_dir("p")
+        shutil.copytree(src, staged, dirs_exist_ok=True)
+        t0 = time.perf_counter()
+        ws.publish("p", staged, step=i)
+        reader = WeightStore(f"{uri}/weights")  # a worker that holds nothing yet
+        reader.load("p", reader.latest("p"))
+        t1 = time.perf_counter()
+        for n in names:
+            objects.put_file(src / n, f"v{i}/{n}")
+        for n in names:
+            objects.get_file(f"v{i}/{n}", work / f"plain-{i}" / n)
+        t2 = time.perf_counter()
+        ours.append(t1 - t0)
+        plain.append(t2 - t1)
+    return ours, plain
+
+
+def bench_mirror(src: Path, bucket_a: str, bucket_b: str, endpoint_b: str, work: Path,
+                 repeats: int) -> tuple[list[float], list[float]]:
+    from astraflow.stores import ObjectStore, WeightStore
+    from astraflow.stores.mirror import sync_replica
+    from astraflow.stores.uri import S3Settings
+
+    b = S3Settings.from_env(endpoint=endpoint_b)
+    tag = uuid.uuid4().hex[:6]
+    ours, plain = [], []
+    main = WeightStore(f"s3://{bucket_a}/m-{tag}")
+    replica = WeightStore(f"s3://{bucket_b}/m-{tag}", settings=b)
+    plain_a = ObjectStore(f"s3://{bucket_a}/p-{tag}")
+    plain_b = ObjectStore(f"s3://{bucket_b}/p-{tag}", settings=b)
+    names = sorted(p.name for p in src.iterdir())
+    for i in range(repeats):
+        staged = main.staging_dir("p")
+        shutil.copytree(src, staged, dirs_exist_ok=True)
+        t0 = time.perf_counter()
+        main.publish("p", staged, step=i)
+        sync_replica(main, replica, "p", keep_last=2)
+        reader = WeightStore(f"s3://{bucket_b}/m-{tag}", settings=b)
+        reader.load("p", reader.latest("p"))
+        t1 = time.perf_counter()
+        for n in names:
+            plain_a.put_file(src / n, f"v{i}/{n}")
+        for n in names:
+            plain_a.get_file(f"v{i}/{n}", work / f"hop-{i}" / n)
+            plain_b.put_file(work / f"hop-{i}" / n, f"v{i}/{n}")
+        for n in names:
+            plain_b.get_file(f"v{i}/{n}", work / f"plain-{i}" / n)
+        t2 = time.perf_counter()
+        ours.append(t1 - t0)
+        plain.append(t2 - t1)
+    return ours, plain
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--sizes", default="math,16m", help="comma list: math, or NNm parameters")
+    args = ap.parse_args()
+
+    import os
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from tests.s3server import MotoServer
+
+    console = Console()
+    rows: list[tuple[str, str, float, float, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        os.environ["ASTRAFLOW_CACHE"] = str(work / "cache")
+        with MotoServer(work / "moto-a") as a, MotoServer(work / "moto-b") as b:
+            os.environ.update(a.env())
+            bucket_a, bucket_b = a.create_bucket("bench-a"), b.create_bucket("bench-b")
+            for size in args.sizes.split(","):
+                src = model_dir(size, work)
+                mb = sum(p.stat().st_size for p in src.iterdir()) / 1e6
+                cases: list[tuple[str, Callable[[Path], tuple[list[float], list[float]]]]] = [
+                    ("local", lambda w, src=src: bench_local(src, w, args.repeats)),
+                    ("s3", lambda w, src=src: bench_s3(src, bucket_a, w, args.repeats)),
+                    ("s3 mirror A→B", lambda w, src=src: bench_mirror(
+                        src, bucket_a, bucket_b, b.endpoint, w, args.repeats)),
+                ]
+                for name, fn in cases:
+                    w = work / f"{size}-{name.split()[0]}-{uuid.uuid4().hex[:4]}"
+                    w.mkdir()
+                    ours, plain = fn(w)
+                    o, p = statistics.median(ours), statistics.median(plain)
+                    rows.append((size, name, mb, o, p))
+                    console.print(f"{size:>5} {name:<14} {mb:7.1f} MB  ours {o * 1e3:8.1f} ms  "
+                                  f"plain {p * 1e3:8.1f} ms  ratio {o / p:5.2f}")
+    t = Table(title=f"publish + fetch of one version, median of {args.repeats} (aim: ratio ≤ 1.3)")
+    for col in ("model", "store", "MB", "ours ms", "plain copy ms", "ratio"):
+        t.add_column(col, justify="right")
+    for size, name, mb, o, p in rows:
+        t.add_row(size, name, f"{mb:.1f}", f"{o * 1e3:.1f}", f"{p * 1e3:.1f}", f"{o / p:.2f}")
+    console.print(t)
+
+
+if __name__ == "__main__":
+    main()
