@@ -242,13 +242,14 @@ class RolloutWorker:
 
     def run(self, *, max_batches: int | None = None, deadline: float | None = None,
             should_stop=lambda: False) -> int:
-        while not should_stop():
+        def done() -> bool:  # the deadline also ends a wait for room (a full backlog)
+            return should_stop() or (deadline is not None and time.time() > deadline)
+
+        while not done():
             if max_batches is not None and self.batches >= max_batches:
                 break
-            if deadline is not None and time.time() > deadline:
-                break
-            self.last_wait_s = self.wait_for_room(should_stop)
-            if should_stop():
+            self.last_wait_s = self.wait_for_room(done)
+            if done():
                 break
             n = self.produce_batch()
             if self.batches % 20 == 0:
