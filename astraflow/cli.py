@@ -194,6 +194,45 @@ def audit(
         raise typer.Exit(1)
 
 
+@app.command()
+def launch(
+    flow: Annotated[Path, typer.Argument(help="flow YAML with a launch: section and an s3:// "
+                                              "store.uri, e.g. examples/cloud.yaml")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan and check the "
+                                                            "SkyPilot tasks; launch nothing")] = False,
+    overwrite: Annotated[bool, typer.Option(help="replace a different flow already published "
+                                                 "at this store")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before launching")] = False,
+    set_: Annotated[list[str], typer.Option("--set", help="override a field: "
+                                                          "store.uri=s3://b/runs/x")] = [],  # noqa: B006
+) -> None:
+    """Run a flow on the cloud: publish it to its bucket, then one SkyPilot managed job per
+    policy's trainer and the rollout pools (SkyPilot spot jobs, Modal calls)."""
+    import astraflow.launch as cloud_launch
+    from astraflow.flow import FlowError, load_flow
+
+    try:
+        spec = load_flow(flow, _parse_sets(set_))
+        the_plan = cloud_launch.plan(spec)
+    except (FlowError, cloud_launch.LaunchError) as err:
+        _fail(str(err))
+    typer.echo(the_plan.describe())
+    if not dry_run and not yes:
+        typer.confirm("Launch these (cloud resources cost money)?", abort=True)
+    try:
+        cloud_launch.launch(the_plan, dry_run=dry_run, overwrite=overwrite, echo=typer.echo)
+    except ModuleNotFoundError as err:
+        if err.name not in ("sky", "modal"):
+            raise
+        if dry_run:
+            typer.secho(f"{err.name} is not installed: the task files were not checked "
+                        f"(pip install -e '.[launch]')", fg=typer.colors.YELLOW, err=True)
+            return
+        _fail(f"launching needs SkyPilot and Modal: pip install -e '.[launch]' ({err})")
+    except ValueError as err:  # FlowError, LaunchError, and SkyPilot's own task errors
+        _fail(str(err))
+
+
 @app.command(hidden=True)
 def zygote(
     label: Annotated[str, typer.Option(help="the run folder (names this process and its forks)")] = "",

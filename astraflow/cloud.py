@@ -1,0 +1,140 @@
+"""The `launch:` section of a flow: where its trainers and rollout worker pools run.
+
+`astraflow launch FLOW` (astraflow.launch) turns this into SkyPilot managed jobs
+(`sky/train.sky.yaml`, `sky/rollout.sky.yaml`) and Modal calls. Plain pydantic
+models, in the style of astraflow.flow: nothing here imports SkyPilot or Modal,
+so a flow file validates on any machine.
+
+Accelerators are SkyPilot strings, `NAME:COUNT` (`H100:1`, `A100-80GB:1`, `L4:1`);
+Modal reads the same names. Where a component may run is a SkyPilot `infra`
+string, `cloud[/region[/zone]]` (`aws`, `aws/us-east-1`, `gcp/us-central1`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_ACCELERATOR = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*(:\d+(\.\d+)?)?$"
+_INFRA = r"^[A-Za-z0-9*][A-Za-z0-9*_.:-]*(/[A-Za-z0-9*][A-Za-z0-9*_.:-]*){0,2}$"
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def _check_accelerators(values: list[str]) -> list[str]:
+    for v in values:
+        if not re.match(_ACCELERATOR, v):
+            raise ValueError(f"{v!r} is not an accelerator: use NAME:COUNT, e.g. 'L4:1' or "
+                             f"'A100-80GB:1'")
+    if len(set(values)) != len(values):
+        raise ValueError(f"accelerators are listed twice: {values}")
+    return values
+
+
+def _check_infra(values: list[str]) -> list[str]:
+    for v in values:
+        if not re.match(_INFRA, v):
+            raise ValueError(f"{v!r} is not a SkyPilot infra: use cloud[/region[/zone]], e.g. "
+                             f"'aws/us-east-1' or 'gcp'")
+    if len(set(values)) != len(values):
+        raise ValueError(f"infra entries are listed twice: {values}")
+    return values
+
+
+class TrainerLaunchSpec(_Spec):
+    """Each policy's trainer runs as one SkyPilot managed job (`sky/train.sky.yaml`)."""
+
+    accelerators: list[str] = Field(
+        default_factory=lambda: ["H100:1", "A100-80GB:1", "A100:1", "L40S:1"], min_length=1)
+    """Any one of these will do (SkyPilot `any_of`); SkyPilot picks the cheapest it can get."""
+    infra: list[str] = []
+    """Where the trainer may run, `cloud[/region]` entries (each is tried with every
+    accelerator); empty: any cloud and region SkyPilot has access to."""
+    spot: bool = True
+    """Spot/preemptible VMs. A preempted trainer is relaunched by SkyPilot (next region
+    first) and resumes from its newest checkpoint in the bucket."""
+    max_restarts_on_errors: int = Field(3, ge=0)
+    """Relaunches after the trainer itself fails (preemptions are always recovered)."""
+
+    @field_validator("accelerators")
+    @classmethod
+    def _accelerator_names(cls, v: list[str]) -> list[str]:
+        return _check_accelerators(v)
+
+    @field_validator("infra")
+    @classmethod
+    def _infra_names(cls, v: list[str]) -> list[str]:
+        return _check_infra(v)
+
+
+class RolloutPoolSpec(_Spec):
+    """A group of rollout workers that run on one backend for a bounded time."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,23}$")
+    """Lower-case identifier; names the pool's jobs (`<flow>-<pool>`) and its worker ids."""
+    backend: Literal["sky", "modal"]
+    """`sky`: one SkyPilot managed job per worker (`sky/rollout.sky.yaml`), spot, each on its
+    own VM, so workers spread over the regions in `infra`. `modal`: one call of the
+    deployed Modal app per worker (`modal deploy apps/rollout.py` first)."""
+    workers: int = Field(1, ge=1, le=256)
+    """How many workers this pool starts."""
+    minutes: float = Field(60.0, gt=0, le=24 * 60)
+    """Each worker stops after this many minutes (launch again, or let a scaling policy,
+    to keep going). A sky worker recovered after a preemption starts its minutes anew."""
+    region: str | None = None
+    """The weight replica the workers read (`astraflow rollout --region`). Default: a sky
+    worker names the region its VM landed in; a Modal worker names none (primary store)."""
+    accelerators: list[str] = []
+    """sky: any one of these per worker (default: the task file's list). modal: at most
+    one, replacing the GPU list the app was deployed with (default: the app's list)."""
+    infra: list[str] = []
+    """sky only: where workers may run, `cloud[/region]` entries, each tried with every
+    accelerator; empty: the task file's list (several clouds and regions)."""
+    spot: bool = True
+    """sky only: spot/preemptible VMs (Modal has no such choice)."""
+
+    @field_validator("accelerators")
+    @classmethod
+    def _accelerator_names(cls, v: list[str]) -> list[str]:
+        return _check_accelerators(v)
+
+    @field_validator("infra")
+    @classmethod
+    def _infra_names(cls, v: list[str]) -> list[str]:
+        return _check_infra(v)
+
+    @model_validator(mode="after")
+    def _backend_fields(self) -> RolloutPoolSpec:
+        if self.backend == "modal":
+            if self.infra:
+                raise ValueError(f"pool {self.name!r}: `infra` applies to sky pools; Modal places "
+                                 f"its containers itself (drop `infra` or use backend: sky)")
+            if len(self.accelerators) > 1:
+                raise ValueError(f"pool {self.name!r}: a Modal pool takes at most one accelerator "
+                                 f"(it replaces the app's GPU list, e.g. accelerators: [L4]); got "
+                                 f"{self.accelerators}")
+        return self
+
+
+class LaunchSpec(_Spec):
+    """Where `astraflow launch` runs this flow: one trainer per policy and rollout pools,
+    all started with the flow's `store.uri` (an s3:// bucket) and nothing else."""
+
+    trainer: TrainerLaunchSpec = TrainerLaunchSpec()
+    """Resources of every policy's trainer job."""
+    rollout: list[RolloutPoolSpec] = []
+    """Rollout worker pools; empty: start workers yourself (`astraflow rollout STORE`)."""
+    modal_app: str = Field("astraflow-rollout", min_length=1)
+    """Name of the deployed Modal app whose `Rollout` class modal pools call."""
+
+    @field_validator("rollout")
+    @classmethod
+    def _unique_pools(cls, v: list[RolloutPoolSpec]) -> list[RolloutPoolSpec]:
+        names = [p.name for p in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pool names must be unique, got {names}")
+        return v

@@ -1,0 +1,346 @@
+"""`astraflow launch`: the launch plan of a flow, the CLI's dry run, and a launch against
+a real S3 store with SkyPilot's and Modal's network calls replaced by recorders.
+
+Offline throughout: `plan()` reads only the flow and the task files, the dry run
+builds real `sky.Task`s (SkyPilot validates them), and the launch test publishes
+to the moto S3 server and checks what SkyPilot and Modal would have been asked.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from astraflow.cli import app
+from astraflow.flow import FlowError, load_flow, parse_flow
+from astraflow.launch import LaunchError, build_sky_task, launch, plan
+
+REPO = Path(__file__).resolve().parents[1]
+CLOUD = REPO / "examples" / "cloud.yaml"
+SECRET = "fake-secret-value-0123456789"
+TOKEN = "fake-session-token-9876543210"
+KEYS = {"AWS_ACCESS_KEY_ID": "AKIAFAKEFAKEFAKE", "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_SESSION_TOKEN": TOKEN}
+
+
+def _cloud_data() -> dict:
+    return yaml.safe_load(CLOUD.read_text())
+
+
+def _two_policy_data() -> dict:
+    data = yaml.safe_load((REPO / "examples" / "math-solver-verifier.yaml").read_text())
+    data["store"] = {"uri": "s3://bucket/runs/sv"}
+    data["launch"] = {"trainer": {"accelerators": ["A100:1"], "infra": ["aws", "gcp"],
+                                  "spot": False, "max_restarts_on_errors": 5},
+                      "rollout": [{"name": "m", "backend": "modal", "workers": 3,
+                                   "accelerators": ["L4"]}]}
+    return data
+
+
+def test_import_and_plan_are_light():
+    """`import astraflow.launch` and `plan()` load neither SkyPilot, Modal nor torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from astraflow.flow import load_flow; from astraflow.launch import plan; "
+            f"plan(load_flow({str(CLOUD)!r})); "
+            "print([m for m in ('sky', 'modal', 'torch', 'lancedb') if m in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_plan_of_the_example():
+    p = plan(load_flow(CLOUD), launch_id="t0", environ={})
+    store = "s3://my-astraflow-bucket/runs/math-cloud"
+    assert p.store == store
+    # One trainer job per policy, running one astraflow command against the store.
+    [t] = p.trainers
+    assert t.name == "math-cloud-train-solver" and t.num_jobs == 1
+    assert t.envs == {"ASTRAFLOW_STORE": store, "POLICY": "solver"}
+    assert t.command == f"astraflow train {store} --policy solver"
+    assert t.use_spot and t.job_recovery["strategy"] == "EAGER_NEXT_REGION"
+    assert [e["accelerators"] for e in t.any_of] == ["H100:1", "A100-80GB:1", "A100:1", "L40S:1"]
+    # The sky pool: 4 managed jobs, every region × accelerator as an any_of placement.
+    [pool] = p.pools
+    assert pool.name == "math-cloud-east-west" and pool.num_jobs == 4 and pool.use_spot
+    assert pool.envs == {"ASTRAFLOW_STORE": store, "ASTRAFLOW_POOL": "east-west",
+                         "ASTRAFLOW_MINUTES": "60", "ASTRAFLOW_REGION": ""}
+    assert {(e["infra"], e["accelerators"]) for e in pool.any_of} == {
+        (r, a) for r in ("aws/us-east-1", "aws/us-west-2") for a in ("L4:1", "A10G:1")}
+    # The modal pool: one spawn per worker, unique ids, the app's own GPU list.
+    assert [c.kwargs for c in p.modal] == [
+        {"target": store, "worker_id": f"serverless-t0-{i}", "minutes": 30.0, "region": None}
+        for i in range(2)]
+    assert all(c.app == "astraflow-rollout" and c.gpu is None for c in p.modal)
+    assert p.published_flow().launch is None and p.flow.launch is not None
+
+
+def test_plan_of_two_policies():
+    p = plan(parse_flow(_two_policy_data()), launch_id="x", environ={})
+    assert [(t.name, t.envs["POLICY"]) for t in p.trainers] == [
+        ("math-solver-verifier-train-solver", "solver"),
+        ("math-solver-verifier-train-verifier", "verifier")]
+    for t in p.trainers:
+        assert t.command.endswith(f"--policy {t.envs['POLICY']}")
+        assert not t.use_spot and t.job_recovery["max_restarts_on_errors"] == 5
+        assert t.any_of == ({"infra": "aws", "accelerators": "A100:1"},
+                            {"infra": "gcp", "accelerators": "A100:1"})
+    assert not p.pools and [c.gpu for c in p.modal] == ["L4"] * 3
+    assert len({c.kwargs["worker_id"] for c in p.modal}) == 3
+
+
+def test_sky_pool_defaults_come_from_the_task_file():
+    data = _cloud_data()
+    data["launch"]["rollout"] = [{"name": "any", "backend": "sky", "workers": 2},
+                                 {"name": "west", "backend": "sky", "infra": ["aws/us-west-2"],
+                                  "region": "us-west-2"}]
+    p = plan(parse_flow(data), environ={})
+    file_any_of = yaml.safe_load((REPO / "sky" / "rollout.sky.yaml").read_text())["resources"]["any_of"]
+    assert [dict(e) for e in p.pools[0].any_of] == file_any_of
+    # Only infra given: each region with the file's accelerators; the region names a replica.
+    assert {e["accelerators"] for e in p.pools[1].any_of} == {e["accelerators"] for e in file_any_of}
+    assert {e["infra"] for e in p.pools[1].any_of} == {"aws/us-west-2"}
+    assert p.pools[1].envs["ASTRAFLOW_REGION"] == "us-west-2"
+
+
+def test_no_secret_value_in_plan_or_description(monkeypatch):
+    for k, v in KEYS.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_REGION", "eu-central-1")
+    p = plan(load_flow(CLOUD))
+    text = p.describe() + repr(p)
+    for value in KEYS.values():
+        assert value not in text
+    for job in p.sky_jobs:
+        # Names only; the session token is passed on because it is set.
+        assert job.secrets == ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+        assert not set(KEYS) & set(job.envs)
+        assert job.envs["AWS_REGION"] == "eu-central-1"  # not secret: the bucket's region
+    # A task with the values keeps them as SkyPilot secrets (redacted), never as envs.
+    pytest.importorskip("sky")
+    task = build_sky_task(p.trainers[0], secrets=KEYS)
+    assert set(task.secrets) == set(KEYS) and not set(KEYS) & set(task.envs)
+    assert SECRET not in repr(task) and SECRET not in str(task.to_yaml_config(
+        use_user_specified_yaml=True))
+
+
+def test_cli_dry_run_prints_the_plan(monkeypatch):
+    pytest.importorskip("sky")
+    for k, v in KEYS.items():
+        monkeypatch.setenv(k, v)
+    r = CliRunner().invoke(app, ["launch", str(CLOUD), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    for needle in ("math-cloud-train-solver", "astraflow train s3://my-astraflow-bucket/runs/"
+                   "math-cloud --policy solver", "pool east-west (sky): 4 managed job(s)",
+                   "pool serverless (modal): 2 call(s)",
+                   "dry run: 2 SkyPilot task(s) built and validated; nothing launched"):
+        assert needle in r.output, r.output
+    assert SECRET not in r.output and TOKEN not in r.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--set", "store.uri=runs/cloud-store"], "cannot be launched: its store is 'runs/cloud-store'"),
+    (["--set", "store.uri=null"], "cannot be launched: it has no store.uri"),
+    (["--set", "store.checkpoints=/tmp/ckpt"], "store.checkpoints is a local path"),
+    (["--set", "launch.rollout.1.region=eu-north-1"], "region 'eu-north-1' names no weight replica"),
+    (["--set", "launch.rollout.1.minutes=180"], "a Modal worker runs at most 120 minutes"),
+])
+def test_cli_refuses_what_cannot_run_on_the_cloud(args, needle):
+    r = CliRunner().invoke(app, ["launch", str(CLOUD), "--dry-run", *args])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and "Traceback" not in r.output
+
+
+def test_modal_limit_matches_the_app():
+    """The app's timeout and the planner's limit are one number (the app is not importable
+    without modal, so read its constant from the source)."""
+    import re
+
+    from astraflow.launch import MODAL_CLASS, MODAL_MAX_MINUTES
+
+    source = (REPO / "apps" / "rollout.py").read_text()
+    assert float(re.search(r"^MAX_MINUTES = ([0-9.]+)", source, re.M).group(1)) == MODAL_MAX_MINUTES
+    assert re.search(r'^APP_NAME = "astraflow-rollout"', source, re.M)
+    assert re.search(rf'^CLASS_NAME = "{MODAL_CLASS}"', source, re.M)
+    assert re.search(r"def run\(self, target: str, worker_id: str, minutes: float, region:", source)
+
+
+def test_cli_refuses_a_flow_without_launch_section():
+    r = CliRunner().invoke(app, ["launch", str(REPO / "examples" / "math.yaml"), "--dry-run"])
+    assert r.exit_code == 2 and "has no `launch:` section" in r.output, r.output
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda d: d["launch"]["rollout"][1].update(infra=["aws"]), "`infra` applies to sky pools"),
+    (lambda d: d["launch"]["rollout"][1].update(accelerators=["L4", "A10G"]), "at most one"),
+    (lambda d: d["launch"]["rollout"].append(dict(d["launch"]["rollout"][0])), "must be unique"),
+    (lambda d: d["launch"]["trainer"].update(accelerators=["H100 x1"]), "is not an accelerator"),
+    (lambda d: d["launch"]["trainer"].update(accelerator=["H100:1"]), "did you mean 'accelerators'"),
+    (lambda d: d["launch"]["rollout"][0].update(backend="ray"), "backend"),
+    (lambda d: d["launch"]["rollout"][0].update(workers=0), "workers"),
+])
+def test_bad_launch_sections_are_refused(change, needle):
+    data = copy.deepcopy(_cloud_data())
+    change(data)
+    with pytest.raises(FlowError, match=needle):
+        parse_flow(data)
+
+
+class _Recorder:
+    """Stands in for SkyPilot's and Modal's network calls; records what they were asked."""
+
+    def __init__(self, running: tuple[str, ...] = ()):
+        self.calls: list[tuple] = []
+        self.running = running
+
+    # sky.jobs.launch / sky.stream_and_get / sky.jobs.queue_v2 / sky.get
+    def jobs_launch(self, task, name=None, num_jobs=None, **_):
+        self.calls.append(("sky.jobs.launch", name, num_jobs, task))
+        return f"request-{name}"
+
+    def stream_and_get(self, request):
+        return [len(self.calls)], None
+
+    def queue_v2(self, refresh, skip_finished=False, **_):
+        return "queue-request"
+
+    def get(self, request):
+        return [{"job_name": n, "status": "RUNNING"} for n in self.running], 0, {}, 0
+
+    # modal.Cls.from_name(app, cls).hydrate() / .with_options(gpu=) / ()  .run.spawn(**kw)
+    def from_name(self, app_name, cls_name, **_):
+        rec = self
+
+        class _Call:
+            def __init__(self, n):
+                self.object_id = f"fc-{n}"
+
+        class _Method:
+            def __init__(self, gpu):
+                self.gpu = gpu
+
+            def spawn(self, **kwargs):
+                rec.calls.append(("modal.spawn", app_name, cls_name, self.gpu, kwargs))
+                return _Call(len(rec.calls))
+
+        class _Instance:
+            def __init__(self, gpu):
+                self.run = _Method(gpu)
+
+        class _Cls:
+            def __init__(self, gpu=None):
+                self.gpu = gpu
+
+            def hydrate(self):
+                rec.calls.append(("modal.hydrate", app_name, cls_name))
+                return self
+
+            def with_options(self, gpu=None, **_):
+                return _Cls(gpu)
+
+            def __call__(self):
+                return _Instance(self.gpu)
+
+        return _Cls()
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    sky = pytest.importorskip("sky")
+    modal = pytest.importorskip("modal")
+
+    def install(running: tuple[str, ...] = ()) -> _Recorder:
+        rec = _Recorder(running)
+        monkeypatch.setattr(sky.jobs, "launch", rec.jobs_launch)
+        monkeypatch.setattr(sky.jobs, "queue_v2", rec.queue_v2)
+        monkeypatch.setattr(sky, "stream_and_get", rec.stream_and_get)
+        monkeypatch.setattr(sky, "get", rec.get)
+        monkeypatch.setattr(modal.Cls, "from_name", rec.from_name)
+        return rec
+
+    return install
+
+
+def test_launch_publishes_then_starts_every_component(s3_env, moto_server, recorder,
+                                                      tmp_path):
+    from astraflow.run import RunContext
+    from tests.s3server import TEST_SECRET_KEY
+
+    data = _cloud_data()
+    data["store"] = {"uri": f"s3://{s3_env}/runs/math-cloud"}
+    data["launch"]["rollout"][1]["accelerators"] = ["A10G"]
+    flow = parse_flow(data)
+    rec = recorder()
+    out: list[str] = []
+    done = launch(plan(flow, launch_id="t1"), echo=out.append)
+
+    # The flow is in the bucket (without its launch section) and opens by the store URI.
+    ctx = RunContext.open(flow.store.uri, runs_root=tmp_path)
+    assert ctx.flow.launch is None and ctx.flow.name == "math-cloud"
+    assert [d.kind for d in done] == ["publish", "trainer", "sky-pool", "modal", "modal"]
+    # Modal is looked up before anything starts; SkyPilot gets real tasks with the keys
+    # as secrets and the plan's name, envs, resources and job count.
+    kinds = [c[0] for c in rec.calls]
+    assert kinds == ["modal.hydrate", "sky.jobs.launch", "sky.jobs.launch", "modal.spawn",
+                     "modal.spawn"]
+    (_, tname, tnum, ttask), (_, pname, pnum, ptask) = rec.calls[1:3]
+    assert (tname, tnum, pname, pnum) == ("math-cloud-train-solver", None,
+                                          "math-cloud-east-west", 4)
+    for task in (ttask, ptask):
+        assert task.secrets["AWS_SECRET_ACCESS_KEY"].get_secret_value() == TEST_SECRET_KEY
+        assert task.envs["ASTRAFLOW_STORE"] == flow.store.uri
+        assert task.envs["AWS_ENDPOINT_URL"] == moto_server.endpoint  # not secret: passed on
+        assert task.workdir == str(REPO) and all(r.use_spot for r in task.resources)
+    assert ttask.envs["POLICY"] == "solver"
+    assert {(str(r.infra.region), str(r.accelerators)) for r in ptask.resources} == {
+        (reg, f"{{'{a}': 1}}") for reg in ("us-east-1", "us-west-2") for a in ("L4", "A10G")}
+    spawns = [c for c in rec.calls if c[0] == "modal.spawn"]
+    assert [(s[1], s[2], s[3], s[4]["worker_id"]) for s in spawns] == [
+        ("astraflow-rollout", "Rollout", "A10G", f"serverless-t1-{i}") for i in range(2)]
+    assert all(TEST_SECRET_KEY not in line for line in out)
+
+    # Changing the pools and launching again is the same run: published flow unchanged.
+    data["launch"]["rollout"] = data["launch"]["rollout"][:1]
+    launch(plan(parse_flow(data)), echo=out.append)
+
+
+def test_launch_refuses_before_starting_anything(s3_env, recorder, monkeypatch, tmp_path):
+    data = _cloud_data()
+    data["store"] = {"uri": f"s3://{s3_env}/runs/math-cloud"}
+    p = plan(parse_flow(data))
+    # A trainer of this flow is still running: a second one would share its store.
+    rec = recorder(running=("math-cloud-train-solver",))
+    with pytest.raises(LaunchError, match="already running"):
+        launch(p, echo=lambda s: None)
+    assert [c[0] for c in rec.calls] == ["modal.hydrate"]
+    # The Modal app is not deployed: refused before publishing or launching.
+    import modal
+
+    rec = recorder()
+
+    def not_deployed(app_name, cls_name, **_):
+        cls = rec.from_name(app_name, cls_name)
+
+        def hydrate():
+            raise modal.exception.NotFoundError(f"App {app_name} not found")
+        cls.hydrate = hydrate
+        return cls
+
+    monkeypatch.setattr(modal.Cls, "from_name", not_deployed)
+    with pytest.raises(LaunchError, match=r"deploy it first \(modal deploy apps/rollout.py\)"):
+        launch(p, echo=lambda s: None)
+    assert rec.calls == []
+    # No bucket keys in the environment: refused before publishing or launching.
+    rec = recorder()
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(LaunchError, match="set AWS_SECRET_ACCESS_KEY"):
+        launch(p, echo=lambda s: None)
+    assert rec.calls == []
+    from astraflow.run import RunContext
+
+    with pytest.raises(FlowError):  # nothing was published
+        RunContext.open(p.store, runs_root=tmp_path)
