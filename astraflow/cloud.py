@@ -15,14 +15,12 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from astraflow._spec import Spec, unique
 
 _ACCELERATOR = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*(:\d+(\.\d+)?)?$"
 _INFRA = r"^[A-Za-z0-9*][A-Za-z0-9*_.:-]*(/[A-Za-z0-9*][A-Za-z0-9*_.:-]*){0,2}$"
-
-
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
 def _check_accelerators(values: list[str]) -> list[str]:
@@ -45,7 +43,21 @@ def _check_infra(values: list[str]) -> list[str]:
     return values
 
 
-class TrainerLaunchSpec(_Spec):
+class _Placement(Spec):
+    """Checks the `accelerators` and `infra` lists of the launch models below."""
+
+    @field_validator("accelerators", check_fields=False)
+    @classmethod
+    def _accelerator_names(cls, v: list[str]) -> list[str]:
+        return _check_accelerators(v)
+
+    @field_validator("infra", check_fields=False)
+    @classmethod
+    def _infra_names(cls, v: list[str]) -> list[str]:
+        return _check_infra(v)
+
+
+class TrainerLaunchSpec(_Placement):
     """Each policy's trainer runs as one SkyPilot managed job (`sky/train.sky.yaml`)."""
 
     accelerators: list[str] = Field(
@@ -60,18 +72,8 @@ class TrainerLaunchSpec(_Spec):
     max_restarts_on_errors: int = Field(3, ge=0)
     """Relaunches after the trainer itself fails (preemptions are always recovered)."""
 
-    @field_validator("accelerators")
-    @classmethod
-    def _accelerator_names(cls, v: list[str]) -> list[str]:
-        return _check_accelerators(v)
 
-    @field_validator("infra")
-    @classmethod
-    def _infra_names(cls, v: list[str]) -> list[str]:
-        return _check_infra(v)
-
-
-class RolloutPoolSpec(_Spec):
+class RolloutPoolSpec(_Placement):
     """A group of rollout workers that run on one backend for a bounded time."""
 
     name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,23}$")
@@ -97,16 +99,6 @@ class RolloutPoolSpec(_Spec):
     spot: bool = True
     """sky only: spot/preemptible VMs (Modal has no such choice)."""
 
-    @field_validator("accelerators")
-    @classmethod
-    def _accelerator_names(cls, v: list[str]) -> list[str]:
-        return _check_accelerators(v)
-
-    @field_validator("infra")
-    @classmethod
-    def _infra_names(cls, v: list[str]) -> list[str]:
-        return _check_infra(v)
-
     @model_validator(mode="after")
     def _backend_fields(self) -> RolloutPoolSpec:
         if self.backend == "modal":
@@ -120,7 +112,7 @@ class RolloutPoolSpec(_Spec):
         return self
 
 
-class LaunchSpec(_Spec):
+class LaunchSpec(Spec):
     """Where `astraflow launch` runs this flow: one trainer per policy and rollout pools,
     all started with the flow's `store.uri` (an s3:// bucket) and nothing else."""
 
@@ -134,7 +126,5 @@ class LaunchSpec(_Spec):
     @field_validator("rollout")
     @classmethod
     def _unique_pools(cls, v: list[RolloutPoolSpec]) -> list[RolloutPoolSpec]:
-        names = [p.name for p in v]
-        if len(set(names)) != len(names):
-            raise ValueError(f"pool names must be unique, got {names}")
+        unique([p.name for p in v], "pool names must be unique")
         return v

@@ -15,8 +15,9 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from astraflow._spec import Spec, unique
 from astraflow.cloud import LaunchSpec
 
 
@@ -24,11 +25,7 @@ class FlowError(ValueError):
     """A flow file is missing, unreadable or invalid; the message says how to fix it."""
 
 
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
-
-
-class ModelSpec(_Spec):
+class ModelSpec(Spec):
     kind: Literal["tiny"] = "tiny"
     """`tiny`: a small Llama with a character tokenizer, built from scratch."""
     hidden_size: int = Field(128, ge=16)
@@ -46,7 +43,7 @@ class ModelSpec(_Spec):
         return self
 
 
-class WarmStartSpec(_Spec):
+class WarmStartSpec(Spec):
     """Short supervised pass so version 0 is right some of the time, not always."""
 
     max_steps: int = Field(1500, ge=0)
@@ -64,7 +61,7 @@ class WarmStartSpec(_Spec):
     come earlier in the workflow's roles and have the same model shape."""
 
 
-class AlgorithmSpec(_Spec):
+class AlgorithmSpec(Spec):
     """GRPO-style policy gradient with a PPO-clip loss against behaviour logprobs."""
 
     lr: float = Field(1e-4, gt=0)
@@ -76,7 +73,7 @@ class AlgorithmSpec(_Spec):
     """Publish a new weight version every this many optimizer steps."""
 
 
-class StageSpec(_Spec):
+class StageSpec(Spec):
     name: str
     """A built-in stage (see astraflow.data.stages) or `module:attr` for your own."""
     params: dict[str, Any] = {}
@@ -90,7 +87,7 @@ class StageSpec(_Spec):
         return v
 
 
-class PolicySpec(_Spec):
+class PolicySpec(Spec):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")
     """Lower-case identifier; names the trajectory table `traj_<name>` and weight stream."""
     model: ModelSpec = ModelSpec()
@@ -101,7 +98,7 @@ class PolicySpec(_Spec):
     default: the flow's `stages`."""
 
 
-class WorkflowSpec(_Spec):
+class WorkflowSpec(Spec):
     """How one episode runs: which policy plays each role, turn by turn."""
 
     name: str = "single"
@@ -122,7 +119,7 @@ class WorkflowSpec(_Spec):
         return v
 
 
-class EnvSpec(_Spec):
+class EnvSpec(Spec):
     name: Literal["math"] = "math"
     digits: int = Field(3, ge=1, le=6)
     op: Literal["+", "-", "*"] = "+"
@@ -133,7 +130,7 @@ class EnvSpec(_Spec):
     The episodes of a batch wait concurrently, as async tool calls do."""
 
 
-class RolloutSpec(_Spec):
+class RolloutSpec(Spec):
     workers: int = Field(1, ge=1, le=64)
     engine: Literal["hf", "vllm"] = "hf"
     """`hf`: transformers in the worker process (the CPU default). `vllm`: vLLM (GPU
@@ -150,7 +147,7 @@ class RolloutSpec(_Spec):
     threads: int = Field(1, ge=1)
 
 
-class TrainerSpec(_Spec):
+class TrainerSpec(Spec):
     threads: int = Field(1, ge=1)
     poll_interval_s: float = Field(0.02, gt=0)
     checkpoint_every: int = Field(10, ge=1)
@@ -170,7 +167,7 @@ def _default_stages() -> list[StageSpec]:
     ]
 
 
-class StopSpec(_Spec):
+class StopSpec(Spec):
     max_steps: int = Field(2000, ge=1)
     """Trainer steps (consumed batches) after which the run ends."""
     max_minutes: float = Field(6.0, gt=0)
@@ -196,7 +193,7 @@ def _check_location(v: str | None) -> str | None:
     return v.rstrip("/")
 
 
-class ReplicaSpec(_Spec):
+class ReplicaSpec(Spec):
     """A copy of the weight store near a group of rollout workers (another bucket,
     region, endpoint or cloud). Trainers mirror each published version into it,
     manifest last; workers started with `--region <region>` read from it."""
@@ -230,7 +227,7 @@ class ReplicaSpec(_Spec):
         return v.rstrip("/")
 
 
-class StoreSpec(_Spec):
+class StoreSpec(Spec):
     uri: str | None = None
     """Trajectory/ledger/metrics location, a path or s3://bucket/prefix; default
     `runs/<name>/store`. Credentials and endpoint come from the environment only."""
@@ -252,16 +249,14 @@ class StoreSpec(_Spec):
     @field_validator("replicas")
     @classmethod
     def _unique_regions(cls, v: list[ReplicaSpec]) -> list[ReplicaSpec]:
-        regions = [r.region for r in v]
-        if len(set(regions)) != len(regions):
-            raise ValueError(f"two replicas name the same region: {regions}")
+        unique([r.region for r in v], "two replicas name the same region")
         return v
     keep_last: int = Field(4, ge=1)
     keep_every: int = Field(25, ge=0)
     """Also keep every N-th version (milestones for accuracy curves); 0 = none."""
 
 
-class FlowSpec(_Spec):
+class FlowSpec(Spec):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = 0
     mode: Literal["async", "sync"] = "async"
@@ -282,9 +277,7 @@ class FlowSpec(_Spec):
     @field_validator("policies")
     @classmethod
     def _unique_policies(cls, v: list[PolicySpec]) -> list[PolicySpec]:
-        names = [p.name for p in v]
-        if len(set(names)) != len(names):
-            raise ValueError(f"policy names must be unique, got {names}")
+        unique([p.name for p in v], "policy names must be unique")
         return v
 
     @model_validator(mode="after")
