@@ -30,6 +30,8 @@ from astraflow.stores.objects import ObjectStore
 from astraflow.stores.uri import S3Settings
 
 MANIFEST = "MANIFEST.json"
+#: Versions below the one just loaded that the local download cache keeps (S3 only).
+CACHE_KEEP = 4
 FORMAT = 1
 #: Only formats that cannot execute code when loaded.
 ALLOWED_SUFFIXES = (".safetensors", ".json", ".txt", ".jinja", ".md")
@@ -209,16 +211,29 @@ class WeightStore:
         """
         man = manifest or self.manifest(policy, version)
         d = self.dir(policy, version)
-        if self.objects.remote:
-            self._download(policy, version, man, d, everything=refresh)
-            if not refresh:
-                try:
-                    self._verify(policy, version, man, d)
-                    return d
-                except TamperedWeights:
-                    self._download(policy, version, man, d, everything=True)
-        self._verify(policy, version, man, d)
+        if not self.objects.remote:
+            self._verify(policy, version, man, d)
+            return d
+        self._download(policy, version, man, d, everything=refresh)
+        try:
+            self._verify(policy, version, man, d)
+        except TamperedWeights:
+            if refresh:
+                raise
+            self._download(policy, version, man, d, everything=True)
+            self._verify(policy, version, man, d)
+        self._trim_cache(d.parent, version)
         return d
+
+    @staticmethod
+    def _trim_cache(policy_cache: Path, version: int) -> None:
+        """Bound the download cache: a worker on a long cloud run loads hundreds of
+        versions, and each is a whole model. Engines copy weights into memory on
+        load, so only recent folders (and v0, every run's baseline) are kept."""
+        for old in policy_cache.glob("v*"):
+            v = old.name[1:]
+            if v.isdigit() and 0 < int(v) <= version - CACHE_KEEP:
+                shutil.rmtree(old, ignore_errors=True)
 
     @staticmethod
     def _verify(policy: str, version: int, man: Manifest, d: Path) -> None:

@@ -235,3 +235,15 @@ def test_cloud_style_run_with_a_worker_reading_a_replica(two_stores, servers, tm
         "solver", 0, 1 << 40, columns=["worker", "region", "behavior_version"]).to_pylist()
     assert {r["worker"] for r in rows} == {"eu0"} and {r["region"] for r in rows} == {"eu"}
     assert max(r["behavior_version"] for r in rows) >= 1  # it followed the replica forward
+
+
+def test_download_cache_keeps_only_recent_versions(two_stores, tiny_policy_dir, tmp_path):
+    src, _, _, _ = two_stores
+    publish_n(src, tiny_policy_dir, 8, tmp_path)
+    reader = WeightStore(src.objects.uri, retry_budget_s=10)
+    for v in range(8):
+        reader.load("solver", v)
+    cached = sorted(p.name for p in reader.dir("solver", 7).parent.iterdir())
+    assert cached == [f"v{v:08d}" for v in (0, 4, 5, 6, 7)]
+    reader.load("solver", 2)  # an old version can still be fetched again
+    assert (reader.dir("solver", 2) / "note.txt").read_text() == "version 2"

@@ -252,9 +252,11 @@ def test_readme_quickstart_has_exactly_two_commands() -> None:
     assert re.fullmatch(
         r"pip install torch==\S+ -e \. && astraflow run examples/\S+\.yaml", run_cmd
     ), run_cmd
-    assert re.fullmatch(r"pip install torch==\S+ -e '\.\[dev\]' && python -m pytest.*", test_cmd), (
-        test_cmd
-    )
+    # The test command installs dev (+ launch for the task-file and Modal tests) and
+    # builds the vLLM environment before pytest.
+    assert re.fullmatch(r"pip install torch==\S+ -e '\.\[dev(,launch)?\]'"
+                        r"( && bash scripts/setup-vllm-env\.sh)? && python -m pytest.*",
+                        test_cmd), test_cmd
 
 
 def test_readme_torch_pin_fits_pyproject() -> None:
