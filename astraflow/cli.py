@@ -49,6 +49,7 @@ def run(
         spec = load_flow(flow, overrides)
     except FlowError as err:
         _fail(str(err))
+    _check_engine(spec.rollout.engine)
     from astraflow.local import prepare_run, run_local
     from astraflow.run import quiet_libraries, setup_logging
 
@@ -74,6 +75,7 @@ def rollout(
 ) -> None:
     """Run one rollout worker against a run's store until stopped."""
     ctx = _open(run_dir, "rollout-" + worker_id)
+    _check_engine(ctx.flow.rollout.engine)
     import time
 
     from astraflow.rollout.worker import RolloutWorker
@@ -304,6 +306,15 @@ def zygote(
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+
+
+def _check_engine(kind: str) -> None:
+    from astraflow.rollout.engine import check_engine
+
+    try:
+        check_engine(kind)
+    except ImportError as err:
+        _fail(str(err))
 
 
 def _open(run_dir: str, component: str, quiet: bool = False):

@@ -107,3 +107,23 @@ def test_vllm_engine_without_vllm_says_how_to_get_it(tiny_policy_dir):
 
     with pytest.raises(ImportError, match="setup-vllm-env.sh"):
         make_engine("vllm", tiny_policy_dir)
+
+
+def test_a_vllm_flow_without_vllm_stops_before_starting(tmp_path):
+    """`astraflow run` checks the engine first: exit 2 with the fix, nothing written."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.test_integration import FLOW
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is importable here")
+    p = tmp_path / "v.yaml"
+    p.write_text(yaml.safe_dump({**FLOW, "rollout": {**FLOW["rollout"], "engine": "vllm"}}))
+    r = subprocess.run([sys.executable, "-m", "astraflow.cli", "run", str(p), "--runs",
+                        str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "setup-vllm-env.sh" in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists()

