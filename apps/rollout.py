@@ -235,11 +235,9 @@ def run_worker(target: str, worker_id: str, minutes: float, region: str | None =
     worker.produce_batch = produce_and_count
 
     with stop_on_signals() as stop:
-        # The deadline goes into should_stop as well as into run(): a worker whose
-        # backlog is full waits for the trainer inside wait_for_room, which only
-        # asks should_stop, and a bounded worker must not wait past its bound.
-        worker.run(max_batches=max_batches, deadline=deadline,
-                   should_stop=lambda: stop.is_set() or time.time() > deadline)
+        # The deadline also ends a wait for room (a full backlog, a slow trainer):
+        # a bounded worker never waits past its bound.
+        worker.run(max_batches=max_batches, deadline=deadline, should_stop=stop.is_set)
         if stop.is_set():
             stopped_by = "signal"
         elif max_batches is not None and worker.batches >= max_batches:
