@@ -13,6 +13,10 @@ import typer
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="AstraFlow: decoupled RL for LLM policies over a shared store.")
 
+#: How every component command names its run.
+RunTarget = Annotated[str, typer.Argument(help="a run folder, or the s3:// store URI of a run "
+                                               "published by `astraflow launch`")]
+
 
 def _parse_sets(sets: list[str]) -> dict[str, object]:
     import yaml
@@ -64,8 +68,7 @@ def run(
 
 @app.command()
 def rollout(
-    run_dir: Annotated[str, typer.Argument(help="a run folder, or the s3:// store URI of a run "
-                                               "published by `astraflow launch`")],
+    run_dir: RunTarget,
     worker_id: Annotated[str, typer.Option(help="name of this worker in rows and logs")] = "w0",
     max_batches: Annotated[int | None, typer.Option(help="stop after this many batches")] = None,
     minutes: Annotated[float | None, typer.Option(help="stop after this many minutes")] = None,
@@ -88,8 +91,7 @@ def rollout(
 
 @app.command()
 def train(
-    run_dir: Annotated[str, typer.Argument(help="a run folder, or the s3:// store URI of a run "
-                                               "published by `astraflow launch`")],
+    run_dir: RunTarget,
     policy: Annotated[str | None, typer.Option(help="the policy to train (required when the "
                                                    "flow has several)")] = None,
     sync: Annotated[bool, typer.Option(help="trainer-centred baseline: drive a worker and every "
@@ -128,8 +130,7 @@ def train(
 
 @app.command(name="eval")
 def eval_(
-    run_dir: Annotated[str, typer.Argument(help="a run folder, or the s3:// store URI of a run "
-                                               "published by `astraflow launch`")],
+    run_dir: RunTarget,
     version: Annotated[int | None, typer.Option(help="weight version (default: newest)")] = None,
     policy: Annotated[str | None, typer.Option(help="policy to evaluate (default: every one)")] = None,
 ) -> None:
@@ -152,8 +153,7 @@ def eval_(
 
 
 @app.command()
-def status(run_dir: Annotated[str, typer.Argument(help="a run folder, or the s3:// store URI of a run "
-                                               "published by `astraflow launch`")]) -> None:
+def status(run_dir: RunTarget) -> None:
     """Steps, rows and versions of each policy of a run, read from its store."""
     ctx = _open(run_dir, "status", quiet=True)
     from astraflow.report import ledger_totals
@@ -170,8 +170,7 @@ def status(run_dir: Annotated[str, typer.Argument(help="a run folder, or the s3:
 
 @app.command()
 def audit(
-    run_dir: Annotated[str, typer.Argument(help="a run folder, or the s3:// store URI of a run "
-                                               "published by `astraflow launch`")],
+    run_dir: RunTarget,
     as_json: Annotated[bool, typer.Option("--json", help="print the counts as JSON")] = False,
 ) -> None:
     """Verify exactly-once from the store: ledger, trajectory tables, weights, checkpoints.

@@ -186,7 +186,7 @@ def plan(flow: FlowSpec, *, launch_id: str | None = None,
         if value and not value.startswith("s3://"):
             raise LaunchError(f"store.{key} is a local path ({value!r}), which cloud components "
                               f"cannot reach: drop it (default: {store}/{key}) or use s3://")
-    replicas = {r.region: r for r in getattr(flow.store, "replicas", [])}
+    replicas = {r.region: r for r in flow.store.replicas}
     for r in replicas.values():
         if not r.weights.startswith("s3://"):
             raise LaunchError(f"store.replicas: the {r.region!r} replica is a local path "

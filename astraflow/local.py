@@ -75,7 +75,8 @@ def publish_version0(ctx: RunContext, console: Console, policies: list[str] | No
         if (have := ws.latest(name)) is not None:
             console.print(f"[dim]weights of {name} exist (v{have}); skipping warm start")
             continue
-        source = ctx.flow.policy_spec(name).warm_start.init_from
+        pol = ctx.flow.policy_spec(name)
+        source = pol.warm_start.init_from
         deadline = time.time() + wait_s
         while source is not None and ws.latest(source) is None:
             if time.time() > deadline:
@@ -83,7 +84,6 @@ def publish_version0(ctx: RunContext, console: Console, policies: list[str] | No
                                   f"{wait_s:.0f}s: start {source}'s trainer")
             console.print(f"[dim]{name}: waiting for {source} v0 (warm_start.init_from)")
             time.sleep(10.0)
-        pol = ctx.flow.policy_spec(name)
         role = ctx.flow.role_of(name)
         m = pol.model
         model = tiny_llama(hidden_size=m.hidden_size, layers=m.layers, heads=m.heads,

@@ -38,12 +38,15 @@ def publish_flow(flow: FlowSpec, *, overwrite: bool = False) -> str:
         raise FlowError("a cloud run needs a shared store: set store.uri to s3://bucket/prefix")
     objects = ObjectStore(flow.store.uri, retry_budget_s=flow.store.retry_budget_s)
     text = flow.dump()
-    if objects.exists(RESOLVED) and not overwrite:
-        if objects.get_bytes(RESOLVED).decode() != text:
-            raise FlowError(f"{flow.store.uri} holds a run of a different flow; pass --overwrite "
-                            f"to replace it or choose another store.uri")
-        return flow.store.uri
-    objects.put_bytes(RESOLVED, text.encode())
+    try:
+        there = objects.get_bytes(RESOLVED).decode()
+    except FileNotFoundError:
+        there = None
+    if there is not None and there != text and not overwrite:
+        raise FlowError(f"{flow.store.uri} holds a run of a different flow; pass --overwrite "
+                        f"to replace it or choose another store.uri")
+    if there != text:
+        objects.put_bytes(RESOLVED, text.encode())
     return flow.store.uri
 
 

@@ -27,17 +27,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from astraflow.stores.uri import redact
-from astraflow.stores.weights import MANIFEST, WeightError, WeightStore
+from astraflow.stores.weights import WeightError, WeightStore
 
 log = logging.getLogger("astraflow.mirror")
 
 
-def mirror_version(src: WeightStore, dst: WeightStore, policy: str, version: int) -> int:
-    """Copy one verified version from `src` into `dst`, manifest last; returns bytes."""
+def mirror_version(src: WeightStore, dst: WeightStore, policy: str, version: int) -> None:
+    """Copy one verified version from `src` into `dst`, manifest last."""
     man = src.manifest(policy, version)
     path = src.load(policy, version, manifest=man)  # TamperedWeights rather than copy bad bytes
-    dst.publish(policy, path, step=man.step, version=version, keep_src=True, expect=man)
-    return man.total_bytes
+    dst.publish(policy, path, step=man.step, keep_src=True, expect=man)
 
 
 def sync_replica(src: WeightStore, dst: WeightStore, policy: str, *, keep_last: int) -> list[int]:
@@ -58,7 +57,7 @@ def sync_replica(src: WeightStore, dst: WeightStore, policy: str, *, keep_last: 
         try:
             mirror_version(src, dst, policy, v)
         except WeightError as err:
-            if dst.objects.exists(dst._rel(policy, v, MANIFEST)):
+            if dst.has(policy, v):
                 continue  # another mirror got there first
             if v not in src.versions(policy):
                 continue  # pruned at the source while we copied
@@ -75,8 +74,8 @@ class Mirror:
 
     The trainer calls `kick()` after each publish and goes on training; a
     replica that is unreachable is retried on the next kick (within the store's
-    retry budget per call) and never stops the trainer. `lag()` tells how many
-    versions each replica trails, for metrics.
+    retry budget per call) and never stops the trainer; `errors` counts the
+    passes that failed.
     """
 
     src: WeightStore

@@ -116,6 +116,10 @@ class WeightStore:
         """Published versions (manifest present), ascending. One listing on S3."""
         return self.objects.numbered(policy, "v", MANIFEST)
 
+    def has(self, policy: str, version: int) -> bool:
+        """Whether `version` is published (its manifest exists): one request on S3."""
+        return self.objects.exists(self._rel(policy, version, MANIFEST))
+
     def latest(self, policy: str) -> int | None:
         vs = self.versions(policy)
         return vs[-1] if vs else None
@@ -160,7 +164,7 @@ class WeightStore:
             parent = latest if parent is None else parent
             if version is None:  # the listing just said it is free: no second request
                 version = 0 if latest is None else latest + 1
-            elif self.objects.exists(self._rel(policy, version, MANIFEST)):
+            elif self.has(policy, version):
                 raise WeightError(f"{policy} v{version} already exists in {self.objects.uri}")
         entries = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
         if expect is not None and entries != expect.files:
