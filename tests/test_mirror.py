@@ -235,6 +235,11 @@ def test_cloud_style_run_with_a_worker_reading_a_replica(two_stores, servers, tm
         "solver", 0, 1 << 40, columns=["worker", "region", "behavior_version"]).to_pylist()
     assert {r["worker"] for r in rows} == {"eu0"} and {r["region"] for r in rows} == {"eu"}
     assert max(r["behavior_version"] for r in rows) >= 1  # it followed the replica forward
+    # ...and it read those versions from B: only the worker downloads from the replica
+    # (the trainer's mirror reads A and uploads to B), into B's own cache folder.
+    from_b = [v for v in range(1, main.latest("solver") + 1)
+              if (replica.dir("solver", v) / "model.safetensors").is_file()]
+    assert from_b, "the eu worker never loaded a version from its replica"
 
 
 def test_download_cache_keeps_only_recent_versions(two_stores, tiny_policy_dir, tmp_path):
