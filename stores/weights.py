@@ -53,6 +53,11 @@ class Manifest:
     parent: int | None
     time: float
     files: dict[str, dict[str, Any]]
+    lineage: int | None = None
+    """Trained versions on this version's ancestry (its depth in the lineage tree: a
+    republish of restored weights that carry no new update keeps its source's depth);
+    staleness is measured in it (astraflow/train/lineage.py). None: written before
+    the field existed."""
 
     @property
     def total_bytes(self) -> int:
@@ -136,11 +141,12 @@ class WeightStore:
         return Manifest(
             policy=data["policy"], version=data["version"], step=data["step"],
             parent=data["parent"], time=data["time"], files=data["files"],
+            lineage=data.get("lineage"),
         )
 
     def publish(self, policy: str, src: Path, *, step: int, version: int | None = None,
                 parent: int | None = None, keep_src: bool = False,
-                expect: Manifest | None = None) -> int:
+                expect: Manifest | None = None, lineage: int | None = None) -> int:
         """Turn a staged folder into the next version; the manifest is written last.
 
         `src` is consumed (moved in locally, uploaded then deleted for S3)
@@ -149,7 +155,8 @@ class WeightStore:
         checkpoint names the version it really descends from. With `expect`
         (a mirror: the source's manifest) the files must hash to exactly that
         manifest, and the uploaded objects are checked by size before the
-        manifest makes the version visible.
+        manifest makes the version visible. `lineage`: the version's depth in
+        the lineage tree (Manifest.lineage; a mirror copies the source's).
         """
         src = Path(src)
         files = sorted(p for p in src.iterdir() if p.is_file())
@@ -158,7 +165,7 @@ class WeightStore:
         for p in files:
             _check_allowed(p.name)
         if expect is not None:  # a mirror, which listed the replica: number and lineage as they are
-            version, parent = expect.version, expect.parent
+            version, parent, lineage = expect.version, expect.parent, expect.lineage
         else:
             latest = self.latest(policy)
             parent = latest if parent is None else parent
@@ -190,6 +197,8 @@ class WeightStore:
             "format": FORMAT, "policy": policy, "version": version, "step": step,
             "parent": parent, "time": expect.time if expect else time.time(), "files": entries,
         }
+        if lineage is not None:
+            manifest["lineage"] = lineage
         self.objects.put_bytes(self._rel(policy, version, MANIFEST),
                                json.dumps(manifest, indent=1).encode())
         return version

@@ -8,8 +8,9 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# moto_server / s3_env: a real S3-protocol server on 127.0.0.1 (tests/s3server.py).
-pytest_plugins = ["tests.s3server"]
+# moto_server / s3_env: a real S3-protocol server on 127.0.0.1 (tests/s3server.py);
+# bpe_model_dir / smollm2_dir: real HF model folders, nothing from the hub (tests/hf_fixtures.py).
+pytest_plugins = ["tests.s3server", "tests.hf_fixtures"]
 
 
 @pytest.fixture(autouse=True)

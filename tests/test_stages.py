@@ -65,3 +65,24 @@ def test_a_stage_that_hides_drops_is_refused():
 def test_unknown_stage_names_the_choices():
     with pytest.raises(ValueError, match="group_advantages"):
         resolve_stage("grpo")
+
+
+def test_staleness_by_lineage():
+    """The stage reads the trainer's lineage staleness, not version numbers: rows of
+    v3 are fresh when v10 republished v3's weights; unknown lineage counts as stale."""
+    ctx = StageContext(policy="p", version=10, step=3,
+                       lineage_staleness={3: 0, 10: 0, 9: 2, 5: None})
+    t = table(["a"] * 4, [1, 0, 1, 0], versions=[3, 10, 9, 5])
+    res = resolve_stage("staleness")(t, ctx, max_versions=1)
+    assert res.rows.column("behavior_version").to_pylist() == [3, 10]
+    assert res.dropped == {"stale": 2}
+    lag = ctx.row_staleness(t.column("behavior_version"))
+    assert lag[:3].tolist() == [0, 0, 2] and np.isnan(lag[3])
+    with pytest.raises(KeyError, match="no entry"):
+        StageContext(policy="p", version=10, step=3, lineage_staleness={}).row_staleness(
+            t.column("behavior_version"))
+
+
+def test_staleness_without_lineage_is_the_version_difference():
+    lag = CTX.row_staleness(pa.array([10, 7, 2]))
+    assert lag.tolist() == [0, 3, 8]

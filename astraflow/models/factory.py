@@ -1,24 +1,24 @@
-"""Policy factory: build the tiny Llama, save/load it in HF format.
+"""The tiny Llama: build it from scratch, save it with its character tokenizer.
 
-Every policy version is a plain HF folder (config.json, model.safetensors,
-tokenizer files), so the same bytes serve the hf engine, vLLM, and any user's
+Loading, publishing and weight swaps of every policy, tiny or pretrained, live in
+`astraflow.models.hf` (re-exported here for the tiny call sites): each version is a
+plain HF folder that serves the hf engine, vLLM and any user's
 `AutoModelForCausalLM.from_pretrained`.
 """
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
-from transformers import (
-    AutoModelForCausalLM,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedTokenizerFast,
-)
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from .hf import load_policy, load_weights_into
+from .hf import save_policy as hf_save_policy
 from .tokenizer import build_char_tokenizer
+
+__all__ = ["load_policy", "load_weights_into", "save_policy", "tiny_llama"]
 
 
 def tiny_llama(
@@ -39,26 +39,16 @@ def tiny_llama(
 
 
 def save_policy(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast | None, path: Path) -> None:
-    """Save safetensors weights + config (+ tokenizer) in HF layout."""
-    model.save_pretrained(str(path), safe_serialization=True)
-    (tokenizer or build_char_tokenizer()).save_pretrained(str(path))
-    for p in Path(path).iterdir():  # keep only what the weight store allows
-        if p.suffix not in (".safetensors", ".json", ".txt", ".jinja"):
-            p.unlink()
-
-
-def load_policy(path: Path) -> torch.nn.Module:
-    model = AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True)
-    model.eval()
-    return model
-
-
-def load_weights_into(model: torch.nn.Module, path: Path) -> None:
-    """Swap weights in place from a verified version folder (no model rebuild)."""
-    state = load_file(str(Path(path) / "model.safetensors"))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = {"lm_head.weight"}
-    if unexpected or set(missing) - tied:
-        raise RuntimeError(
-            f"weights at {path} do not fit the model: missing {missing}, unexpected {unexpected}"
-        )
+    """Save a tiny (character-vocabulary) policy: `hf.save_policy` with the character
+    tokenizer as its source. Only for tiny models built here; every other policy
+    publishes through `astraflow.models.hf.save_policy` with the source it was loaded
+    from, and this refuses them rather than give them the character tokenizer."""
+    vocab = len(build_char_tokenizer().get_vocab())
+    if getattr(model.config, "vocab_size", None) != vocab:
+        raise ValueError(f"save_policy(model, tokenizer, path) writes the {vocab}-symbol "
+                         f"character tokenizer; this model's vocab is "
+                         f"{model.config.vocab_size}: use astraflow.models.hf.save_policy("
+                         f"model, path, source=<the folder it was loaded from>)")
+    with tempfile.TemporaryDirectory(prefix="astraflow-tok-") as tmp:
+        (tokenizer or build_char_tokenizer()).save_pretrained(tmp)
+        hf_save_policy(model, path, source=tmp)

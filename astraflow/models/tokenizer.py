@@ -7,7 +7,7 @@ every digit one token — the reward parser never fights a BPE merge.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -46,6 +46,11 @@ class CharCodec:
         self.inverse = {i: t for t, i in self.vocab.items()}
         self.pad_id, self.bos_id = self.vocab[PAD], self.vocab[BOS]
         self.eos_id, self.unk_id = self.vocab[EOS], self.vocab[UNK]
+        # The `Codec` protocol (astraflow.models.codec): EOS is the only stop, there
+        # are no stop strings and no chat template.
+        self.stop_ids: tuple[int, ...] = (self.eos_id,)
+        self.stop_strings: tuple[str, ...] = ()
+        self.is_chat = False
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> CharCodec:
@@ -59,6 +64,12 @@ class CharCodec:
     def encode(self, text: str) -> list[int]:
         """BOS followed by one id per character (as the HF tokenizer does)."""
         return [self.bos_id, *(self.vocab.get(c, self.unk_id) for c in text)]
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]], *,
+                    add_generation_prompt: bool = True) -> list[int]:
+        """The tiny model has no chat template: its prompt is the messages' contents
+        joined, encoded as plain text (`add_generation_prompt` changes nothing)."""
+        return self.encode("".join(m["content"] for m in messages))
 
     def decode(self, ids: Sequence[int]) -> str:
         """Characters up to the first EOS; specials dropped."""

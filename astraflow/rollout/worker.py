@@ -39,26 +39,14 @@ from datetime import UTC, datetime
 
 import torch
 
-from astraflow.envs.math import MathEnv
-from astraflow.models.tokenizer import CharCodec
+from astraflow.models.codec import Codec
 from astraflow.rollout.engine import Engine, Generation, make_engine
 from astraflow.run import RunContext
 from astraflow.stores import Progress, TamperedWeights, WeightError
-from astraflow.workflows import Workflow, resolve_workflow
+from astraflow.workflows import Workflow
+from astraflow.workload import make_env, make_workflow
 
 log = logging.getLogger("astraflow.rollout")
-
-
-def make_env(ctx: RunContext) -> MathEnv:
-    e = ctx.flow.env
-    return MathEnv(digits=e.digits, op=e.op)
-
-
-def make_workflow(ctx: RunContext, codec: CharCodec | None = None) -> Workflow:
-    wf = ctx.flow.workflow
-    return resolve_workflow(wf.name)(make_env(ctx), codec or CharCodec.default(),
-                                     samples_per_prompt=ctx.flow.rollout.samples_per_prompt,
-                                     **wf.params)
 
 
 class _Actor:
@@ -66,18 +54,25 @@ class _Actor:
 
     def __init__(self, worker: RolloutWorker):
         self.w = worker
-        self.codec = worker.codec
+        self.codec = worker.workflow.codec
+        self.finish: list[str] = []  # finish reason of every completion, in generation order
         self.gen_s: dict[str, float] = defaultdict(float)
+        self.truncated: dict[str, int] = defaultdict(int)
+        self.completions: dict[str, int] = defaultdict(int)
         self.env_wait_s = 0.0
 
     def generate(self, role: str, prompts: list[list[int]], *, samples: int,
                  max_new_tokens: int) -> Generation:
         policy = self.w.cast[role]
         engine = self.w.engines[policy]
+        ro = self.w.ctx.flow.rollout
         t0 = time.time()
         out = engine.generate(prompts, samples_per_prompt=samples, max_new_tokens=max_new_tokens,
-                              temperature=self.w.ctx.flow.rollout.temperature, generator=self.w.gen)
+                              temperature=ro.temperature, generator=self.w.gen,
+                              max_prompt_tokens=ro.max_prompt_tokens)
         self.gen_s[policy] += time.time() - t0
+        self.truncated[policy] += sum(r == "length" for r in out.finish_reasons)
+        self.completions[policy] += len(out.completions)
         return out
 
     def env_wait(self) -> None:
@@ -97,9 +92,10 @@ class RolloutWorker:
         # A worker in a region with a weight replica reads from it: near, and cheap egress.
         self.weights = ctx.weights(self.region)
         self.ledger = ctx.ledger()
-        self.codec = CharCodec.default()
-        self.workflow = make_workflow(ctx, self.codec)
-        self.env = self.workflow.env
+        # The workflow encodes with the codec saved with the primary policy's weights:
+        # built on the first load (a worker may start before version 0 exists).
+        self._workflow: Workflow | None = None
+        self.env = make_env(ctx.flow)
         # Seeded per worker and per start, so restarted workers do not replay tasks.
         seed = hash((ctx.flow.seed, worker_id, time.time_ns())) & 0x7FFFFFFF
         self.rng = random.Random(seed)
@@ -115,6 +111,22 @@ class RolloutWorker:
         self.backlog_limit = {p: ro.max_backlog_batches * ctx.flow.batch_rows(p)
                               for p in self.policies}
         self.reload_s: dict[str, float] = defaultdict(float)
+
+    @property
+    def workflow(self) -> Workflow:
+        """The flow's workflow, encoding with the primary policy's codec (from its loaded
+        weights). Every policy of a workflow shares that tokenizer (flow validation)."""
+        if self._workflow is None:
+            primary = self.policies[0]
+            if primary not in self.engines:
+                raise RuntimeError("the workflow needs the primary policy's weights: "
+                                   "refresh_weights() first")
+            self._workflow = make_workflow(self.ctx.flow, self.engines[primary].codec)
+        return self._workflow
+
+    @property
+    def codec(self) -> Codec:
+        return self.workflow.codec
 
     @property
     def version(self) -> int | None:
@@ -148,7 +160,9 @@ class RolloutWorker:
             return False
         try:
             if policy not in self.engines:
-                self.engines[policy] = make_engine(self.ctx.flow.rollout.engine, path)
+                self.engines[policy] = make_engine(
+                    self.ctx.flow.rollout.engine, path,
+                    dtype=self.ctx.flow.policy_spec(policy).model.dtype)
             else:
                 self.engines[policy].load_weights(path)
         except FileNotFoundError as err:  # pruned while reading: keep what we had
@@ -216,7 +230,9 @@ class RolloutWorker:
                 "behavior_logprobs": part.logprobs, "loss_mask": part.loss_mask,
                 "reward": part.reward, "env": self.env.name, "task_id": part.task_id,
                 "worker": self.worker_id, "region": self.region, "created_at": now,
-                "extras": json.dumps({"host": self.host, "role": part.role}),
+                "extras": json.dumps({
+                    "host": self.host, "role": part.role,
+                    "finish_reason": part.finish_reason}),
             })
         self.batches += 1
         total = 0
@@ -236,6 +252,7 @@ class RolloutWorker:
                 "backpressure_s": self.last_wait_s, "rows": 0 if shed else len(prow),
                 "rows_shed": len(prow) if shed else 0, "reload_s": self.reload_s.pop(policy, 0.0),
                 "reward_mean": sum(r["reward"] for r in prow) / len(prow),
+                "truncated_frac": actor.truncated[policy] / max(actor.completions[policy], 1),
             }))
         self.ledger.log_many("rollout", metrics)
         return total

@@ -3,7 +3,7 @@
     traj_<policy> ──read_after(cursor)──► stages (staleness, filters, advantages)
          ▲                                     │
          │ rollout workers append              ▼
-         │                             PPO-clip loss → AdamW step
+         │                  policy loss (ppo | decoupled) → AdamW step(s)
          │                                     │ every publish_every steps
     weights/<policy>/v<N+1>/ ◄──publish────────┘   ledger row + metrics per step
 
@@ -17,7 +17,15 @@ ledger holds beyond that checkpoint died with the old process: the trainer
 records a rollback voiding them and trains their rows again, so in the
 effective ledger every row is trained exactly once. If weights were published
 from the lost steps, it publishes its restored model as a new version so that
-workers return to the lineage the trainer continues.
+workers return to the lineage the trainer continues. Staleness is measured by
+lineage, not version numbers (astraflow/train/lineage.py): that republished
+version keeps the depth of the weights it holds, so rows sampled by them stay
+fresh; the lineage record is part of the checkpoint.
+
+Batch sizes: a step consumes whole commits up to `algorithm.step_rows` rows (one
+rollout batch by default) and makes `algorithm.minibatches` optimizer updates
+on them, each accumulated over `micro_batch_rows`-row passes; the ledger sees
+one step either way, so every row is still trained exactly once.
 
 Several policies: one trainer per policy, each on its own table, stages and
 weight stream, at its own pace. With `trainer.version_barrier` a due publish
@@ -32,16 +40,19 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from astraflow.data.stages import StageContext, run_stages
-from astraflow.models.factory import load_policy, save_policy
-from astraflow.models.tokenizer import CharCodec
+from astraflow.models.codec import load_codec
+from astraflow.models.hf import carried_files, load_policy, save_policy
 from astraflow.run import RunContext
 from astraflow.stores import LedgerEntry, Progress, Slice, replay
 from astraflow.stores.mirror import Mirror
+from astraflow.stores.weights import Manifest
 from astraflow.train import checkpoint
-from astraflow.train.loss import completion_logprobs, ppo_clip_loss
+from astraflow.train.lineage import Lineage
+from astraflow.train.loss import Batch, LossConfig, StepSettings, optimize
 
 log = logging.getLogger("astraflow.trainer")
 
@@ -68,7 +79,7 @@ class Trainer:
         self.ledger = ctx.ledger()
         self.checkpoints = ctx.checkpoints()
         self.stages = [(s.name, dict(s.params)) for s in ctx.flow.stages_for(self.policy)]
-        self.batch_rows = ctx.flow.batch_rows(self.policy)
+        self.batch_rows = self._step_rows()
         self.others = [p for p in ctx.flow.policy_names() if p != self.policy]
         self.publish_pending = False
         # Replicas near rollout pools get each version from a background thread.
@@ -77,6 +88,23 @@ class Trainer:
         self._restore()
         self.mirror.start()
         self._last_step_end = time.time()
+
+    def _step_rows(self) -> int:
+        """Rows one step consumes (`algorithm.step_rows`, default one rollout batch); a
+        size the workers' backlog bound can never reach would stall the run, so refuse it."""
+        flow, batch = self.ctx.flow, self.ctx.flow.batch_rows(self.policy)
+        rows = self.spec.algorithm.step_rows or batch
+        room = flow.rollout.max_backlog_batches * batch
+        if rows > room:
+            raise ValueError(
+                f"policies.{self.policy}.algorithm.step_rows={rows} exceeds the backlog the "
+                f"workers fill ({flow.rollout.max_backlog_batches} batches of {batch} rows): raise "
+                f"rollout.max_backlog_batches to at least {-(-rows // batch)}")
+        if flow.mode == "sync" and rows > batch:
+            raise ValueError(
+                f"policies.{self.policy}.algorithm.step_rows={rows}: sync mode trains on each "
+                f"batch of {batch} rows as it is produced; use minibatches, or async mode")
+        return rows
 
     def _restore(self) -> None:
         """Newest complete checkpoint, or version 0; then void what died since."""
@@ -90,15 +118,20 @@ class Trainer:
         latest = versions[-1]
         base = 0 if ckpt is None and 0 in versions else latest
         path = self.weights.load(self.policy, base)
-        self.model = load_policy(path)
+        self.model = load_policy(path, dtype=self.spec.model.dtype)
         self.model.train()
-        self.codec = CharCodec.from_pretrained(path)
+        self.codec = load_codec(path)
+        # Tokenizer, chat template and generation config, carried into every version we
+        # publish; read now, because the folder may be pruned (or leave the S3 cache).
+        self.carried = carried_files(path)
         algo = self.spec.algorithm
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, betas=algo.betas,
                                      weight_decay=algo.weight_decay)
         if ckpt is None:
             self.step = self.cursor = self.rows_consumed = self.optimizer_steps = 0
             self.version = base
+            self.updates_since_publish = 0
+            self.lineage = Lineage(self._manifest)
         else:
             checkpoint.restore(self.model, self.opt, ckpt.files, ckpt.meta)
             m = ckpt.meta
@@ -106,6 +139,18 @@ class Trainer:
             self.rows_consumed, self.optimizer_steps = m["rows_consumed"], m["optimizer_steps"]
             self.version = m["weight_version"]
             self.publish_pending = bool(m.get("publish_pending", False))
+            # Checkpoints from before lineage: the old rule published at every
+            # publish_every-th optimizer step unless a barrier held it (pending).
+            self.updates_since_publish = int(m.get(
+                "updates_since_publish",
+                int(self.publish_pending or self.optimizer_steps % algo.publish_every != 0)))
+            self.lineage = Lineage.from_json(self._manifest, m.get("lineage", {}))
+        if self.lineage.node(self.version) is None:
+            # Only a checkpoint from before lineage whose version was pruned since:
+            # its version number is its depth, as for any pre-lineage version.
+            log.warning("%s v%d: no manifest and no lineage record; taking its version "
+                        "number as its lineage depth", self.policy, self.version)
+            self.lineage.add(self.version, None, self.version)
         self._checkpointed = self.step
         effective = replay(self.ledger.history(self.policy)).effective
         recorded = effective[-1].step + 1 if effective else 0
@@ -154,29 +199,43 @@ class Trainer:
         self.publish_pending = False
         return self._publish()
 
+    def _manifest(self, version: int) -> Manifest:
+        """A version's manifest (what Lineage reads for versions we did not publish)."""
+        return self.weights.manifest(self.policy, version)
+
     def train_on(self, sl: Slice) -> StepResult:
         t0 = time.time()
         wait = t0 - self._last_step_end
-        ctx = StageContext(policy=self.policy, version=self.version, step=self.step)
+        behavior = sl.rows.column("behavior_version")
+        ctx = StageContext(policy=self.policy, version=self.version, step=self.step,
+                           lineage_staleness=self.lineage.staleness_of(self.version,
+                                                                       behavior.to_pylist()))
         staged = run_stages(sl.rows, ctx, self.stages)
         rows = staged.rows
         stale = staged.dropped.get("stale", 0)
         filtered = sum(v for k, v in staged.dropped.items() if k != "stale")
+        lag = ctx.row_staleness(behavior)
+        known = lag[~np.isnan(lag)]
         metrics: dict[str, float] = {
             "reward_mean": float(torch.tensor(sl.rows.column("reward").to_pylist()).mean()),
-            "staleness_mean": float(
-                self.version - torch.tensor(sl.rows.column("behavior_version").to_pylist(),
-                                            dtype=torch.float64).mean()),
             "trainer_wait_s": wait,
             "rows_read": sl.num_rows,
             "rows_used": rows.num_rows,
         }
+        if known.size:  # by lineage (astraflow/train/lineage.py), over the rows read
+            metrics["staleness_mean"] = float(known.mean())
+        if known.size < lag.size:
+            metrics["rows_lineage_unknown"] = float(lag.size - known.size)
         did_step = rows.num_rows > 0
         if did_step:
-            metrics.update(self._optimize(rows))
-            self.optimizer_steps += 1
-            if self.optimizer_steps % self.spec.algorithm.publish_every == 0:
+            step_metrics, updates = self._optimize(rows)
+            metrics.update(step_metrics)
+            every = self.spec.algorithm.publish_every
+            if (self.optimizer_steps + updates) // every > self.optimizer_steps // every:
                 self.publish_pending = True
+            self.optimizer_steps += updates
+            self.updates_since_publish += updates
+            did_step = updates > 0
         took = self.maybe_publish()
         if took is not None:
             metrics["publish_s"] = took
@@ -211,7 +270,9 @@ class Trainer:
         files, meta = checkpoint.capture(self.model, self.opt, {
             "steps_done": self.step, "cursor": self.cursor, "weight_version": self.version,
             "rows_consumed": self.rows_consumed, "optimizer_steps": self.optimizer_steps,
-            "publish_pending": self.publish_pending})
+            "publish_pending": self.publish_pending,
+            "updates_since_publish": self.updates_since_publish,
+            "lineage": self.lineage.to_json()})
         self.checkpoints.save(self.policy, self.step, files, meta)
         self.checkpoints.prune(self.policy, self.ctx.flow.trainer.keep_checkpoints)
         self._checkpointed = self.step
@@ -219,32 +280,40 @@ class Trainer:
         self.ledger.log("trainer", self.policy, self.step - 1, {"checkpoint_s": took})
         return took
 
-    def _optimize(self, rows) -> dict[str, float]:
-        prompts = rows.column("prompt_ids").to_pylist()
+    def _optimize(self, rows) -> tuple[dict[str, float], int]:
+        """One trainer step's updates on the staged rows (astraflow.train.loss.optimize);
+        returns (metrics, optimizer updates made). Logprobs are taken at the flow's
+        sampling temperature, as the engines record them. Rows sampled by exactly the
+        weights we hold (our version, no update since it was published) measure the
+        engine-vs-trainer logprob mismatch."""
+        algo = self.spec.algorithm
         comps = rows.column("completion_ids").to_pylist()
-        old = torch.tensor([x for r in rows.column("behavior_logprobs").to_pylist() for x in r])
-        mask = torch.tensor([x for r in rows.column("loss_mask").to_pylist() for x in r],
-                            dtype=torch.float32)
-        adv_rows = rows.column("advantage").to_pylist()
-        adv = torch.tensor([a for a, c in zip(adv_rows, comps, strict=True) for _ in c],
-                           dtype=torch.float32)
-        self.model.train()
-        new = completion_logprobs(self.model, prompts, comps, self.codec.pad_id)
-        loss, stats = ppo_clip_loss(new, old, adv, mask, self.spec.algorithm.clip_eps)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                   self.spec.algorithm.grad_clip)
-        self.opt.step()
-        return {"loss": stats.loss, "clip_frac": stats.clip_frac, "approx_kl": stats.approx_kl,
-                "ratio_mean": stats.ratio_mean, "grad_norm": float(grad_norm),
-                "tokens": stats.tokens}
+        same_weights = self.updates_since_publish == 0
+        on_policy = [same_weights and v == self.version
+                     for v in rows.column("behavior_version").to_pylist()]
+        batch = Batch.from_rows(
+            rows.column("prompt_ids").to_pylist(), comps,
+            rows.column("behavior_logprobs").to_pylist(), rows.column("loss_mask").to_pylist(),
+            rows.column("advantage").to_pylist(), on_policy)
+        settings = StepSettings(
+            loss=LossConfig(algo.objective, algo.clip_eps, algo.dual_clip, algo.is_cap),
+            temperature=self.ctx.flow.rollout.temperature, minibatches=algo.minibatches,
+            micro_batch_rows=algo.micro_batch_rows, chunk_tokens=algo.logprob_chunk_tokens,
+            grad_clip=algo.grad_clip)
+        return optimize(self.model, self.opt, batch, self.codec.pad_id, settings)
 
     def _publish(self, parent: int | None = None) -> float:
         t0 = time.time()
         staging = self.weights.staging_dir(self.policy)
-        save_policy(self.model, None, staging)
-        self.version = self.weights.publish(self.policy, staging, step=self.step, parent=parent)
+        save_policy(self.model, staging, source=self.carried)
+        # Lineage: our weights descend from self.version; a new depth only if they carry
+        # updates it lacks (a republish of restored weights may not).
+        source = self.version if parent is None else parent
+        depth = self.lineage.depth(source) + (1 if self.updates_since_publish else 0)
+        self.version = self.weights.publish(self.policy, staging, step=self.step, parent=source,
+                                            lineage=depth)
+        self.lineage.add(self.version, source, depth)
+        self.updates_since_publish = 0
         store = self.ctx.flow.store
         self.weights.prune(self.policy, keep_last=store.keep_last, keep_every=store.keep_every)
         self.mirror.kick()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:  # flow validation resolves workflows: keep torch/transformers out of it
     from astraflow.envs.math import MathEnv
-    from astraflow.models.tokenizer import CharCodec
+    from astraflow.models.codec import Codec
     from astraflow.rollout.engine import Generation
 
 
@@ -33,6 +33,9 @@ class Part:
     logprobs: list[float]
     loss_mask: list[int]
     reward: float
+    finish_reason: str = "stop"
+    """How this policy's (last) turn ended: `stop` (a stop id or string) or `length`
+    (cut at max_new_tokens: truncated). Recorded in the row's extras."""
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -44,14 +47,16 @@ class Part:
 
     @classmethod
     def own_turn(cls, role: str, task_id: str, group: str, prompt_ids: list[int],
-                 completion: list[int], logprobs: list[float], reward: float) -> Part:
+                 completion: list[int], logprobs: list[float], reward: float,
+                 finish_reason: str = "stop") -> Part:
         """A part that is one turn of this policy's own, straight after the prompt."""
         return cls(role, task_id, group, prompt_ids, list(completion), list(logprobs),
-                   [1] * len(completion), reward)
+                   [1] * len(completion), reward, finish_reason)
 
     @classmethod
     def from_segments(cls, role: str, task_id: str, group: str, prompt_ids: list[int],
-                      segments: list[tuple[list[int], list[float] | None]], reward: float) -> Part:
+                      segments: list[tuple[list[int], list[float] | None]], reward: float,
+                      finish_reason: str = "stop") -> Part:
         """A multi-turn part: `segments` in episode order, each (token ids, logprobs) for
         a turn this policy sampled, or (token ids, None) for tokens it only read (another
         policy's turn, a tool's output) — kept for the forward pass, masked out of the loss."""
@@ -62,7 +67,7 @@ class Part:
             ids.extend(tokens)
             lps.extend([0.0] * len(tokens) if logprobs is None else logprobs)
             mask.extend([0 if logprobs is None else 1] * len(tokens))
-        return cls(role, task_id, group, prompt_ids, ids, lps, mask, reward)
+        return cls(role, task_id, group, prompt_ids, ids, lps, mask, reward, finish_reason)
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ class Demo:
 class Actor(Protocol):
     """What a workflow may do during an episode: generate as a role, wait on the world."""
 
-    codec: CharCodec
+    codec: Codec
 
     def generate(self, role: str, prompts: list[list[int]], *, samples: int,
                  max_new_tokens: int) -> Generation: ...
@@ -105,12 +110,30 @@ class Workflow(ABC):
     metric: ClassVar[Mapping[str, str]] = {}
     """Role → name of its held-out metric, for progress and summaries."""
 
-    def __init__(self, env: MathEnv, codec: CharCodec, *, samples_per_prompt: int,
-                 **params: Any):
+    def __init__(self, env: MathEnv, codec: Codec, *, samples_per_prompt: int,
+                 max_new_tokens: int | None = None, **params: Any):
         if params:
             raise ValueError(f"workflow {type(self).__name__} takes no parameters "
                              f"{sorted(params)}")
         self.env, self.codec, self.k = env, codec, samples_per_prompt
+        self.max_new_tokens_override = max_new_tokens
+        """The flow's `rollout.max_new_tokens`; `max_new_tokens(role)` honours it."""
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A task's prompt as ids: a user message through the model's chat template
+        (generation prompt added) for chat models, plain text otherwise."""
+        if self.codec.is_chat:
+            return self.codec.encode_chat([{"role": "user", "content": text}])
+        return self.codec.encode(text)
+
+    def encode_answer(self, text: str) -> list[int]:
+        """A role's own turn as ids (no BOS), ended by the codec's EOS: what a warm-start
+        demo trains on."""
+        ids = self.codec.encode(text)
+        bos = getattr(self.codec, "bos_id", None)
+        if ids and bos is not None and ids[0] == bos:
+            ids = ids[1:]
+        return ids + [self.codec.eos_id]
 
     @classmethod
     def role_names(cls, params: Mapping[str, Any]) -> tuple[str, ...]:
@@ -149,15 +172,20 @@ class Workflow(ABC):
         correct = 0
         for i in range(0, len(items), batch):
             chunk = items[i : i + batch]
-            gen = engine.generate([self.codec.encode(it.prompt) for it in chunk],
+            gen = engine.generate([self.encode_prompt(it.prompt) for it in chunk],
                                   max_new_tokens=self.max_new_tokens(role), greedy=True)
             correct += sum(bool(it.check(self.codec.decode(c)))
                            for it, c in zip(chunk, gen.completions, strict=True))
         return correct / max(len(items), 1)
 
-    @abstractmethod
     def max_new_tokens(self, role: str) -> int:
-        """Longest turn `role` may generate."""
+        """Longest turn `role` may generate: the flow's `rollout.max_new_tokens`, else
+        the workflow's own `default_max_new_tokens(role)`."""
+        return self.max_new_tokens_override or self.default_max_new_tokens(role)
+
+    @abstractmethod
+    def default_max_new_tokens(self, role: str) -> int:
+        """Longest turn `role` may generate when the flow does not say."""
 
     def metric_name(self, role: str) -> str:
         return self.metric.get(role, "accuracy")

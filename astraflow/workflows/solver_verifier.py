@@ -101,7 +101,7 @@ class SolverVerifier(SingleTurn):
         parts = super().episodes(tasks, actor)  # the solver's turn (and its env wait)
         # Per solver sample, in order: (answer text, right?).
         answers = [(codec.decode(p.completion_ids), p.reward == 1.0) for p in parts]
-        prompts = [codec.encode(t.prompt) for t in tasks]
+        prompts = [self.encode_prompt(t.prompt) for t in tasks]
         # A verdict counts only when the working behind it is right. Rewarding any right
         # verdict pays the verifier for disagreeing with the solver: started from the
         # solver's weights it shares the solver's slips, so a wrong answer it would have
@@ -111,7 +111,8 @@ class SolverVerifier(SingleTurn):
         for role in self.verifier_roles:
             own = actor.generate(role, prompts, samples=per_task,
                                  max_new_tokens=self.max_new_tokens(role))
-            for i, (comp, lps) in enumerate(zip(own.completions, own.logprobs, strict=True)):
+            for i, (comp, lps, why) in enumerate(zip(own.completions, own.logprobs,
+                                                     own.finish_reasons, strict=True)):
                 j = i // per_task
                 text, right = answers[j * k + (i % per_task) // m]
                 working = codec.decode(comp)
@@ -120,7 +121,8 @@ class SolverVerifier(SingleTurn):
                                and self.env.reward(tasks[j], working) == 1.0)
                 tool = codec.encode(transcript(text, said))[1:]  # no BOS: a continuation
                 parts.append(Part.from_segments(role, tasks[j].task_id, f"v{j}", prompts[j],
-                                                [(comp, lps), (tool, None)], reward))
+                                                [(comp, lps), (tool, None)], reward,
+                                                finish_reason=why))
         if self.verifier_roles:
             actor.env_wait()
         return parts

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from astraflow.flow import WarmStartSpec
-from astraflow.models.tokenizer import CharCodec
+from astraflow.models.codec import Codec
 from astraflow.rollout.engine import HFEngine
 from astraflow.workflows import Workflow
 
@@ -32,7 +32,7 @@ class WarmStartResult:
     seconds: float
 
 
-def warm_start(model: torch.nn.Module, codec: CharCodec, workflow: Workflow, role: str,
+def warm_start(model: torch.nn.Module, codec: Codec, workflow: Workflow, role: str,
                spec: WarmStartSpec, seed: int = 0,
                progress: Callable[[int, float], None] | None = None) -> WarmStartResult:
     """Supervised steps on the workflow's demonstrations for `role` until its validation

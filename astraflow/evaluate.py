@@ -1,0 +1,42 @@
+"""Held-out evaluation of any published version of a policy.
+
+Greedy play of the policy's (first) role on the workflow's fixed held-out
+checks, with the codec saved with the version evaluated: accuracy for a
+solver, judgement accuracy for a verifier. Used by the launcher (version 0,
+live curve, final), by `astraflow eval`, and by benchmarks; it imports no
+launcher code.
+"""
+
+from __future__ import annotations
+
+from astraflow.rollout.engine import HFEngine
+from astraflow.run import RunContext
+from astraflow.stores import WeightError
+from astraflow.workflows import EvalItem, Workflow
+from astraflow.workload import make_workflow
+
+
+class Evaluator:
+    """Greedy held-out metric of one policy's versions, in this process (hf engine).
+
+    Built on the policy's newest version (its codec and an engine); each call swaps
+    in the weights of the version asked for. Every version of a policy carries the
+    same tokenizer, so the held-out prompts encode once."""
+
+    def __init__(self, ctx: RunContext, policy: str | None = None):
+        self.ctx = ctx
+        self.policy = policy or ctx.flow.policy.name
+        self.role = ctx.flow.role_of(self.policy)
+        self.ws = ctx.weights()
+        newest = self.ws.latest(self.policy)
+        if newest is None:
+            raise WeightError(f"no weight versions of {self.policy} in {ctx.weights_root}")
+        self.engine = HFEngine.from_dir(self.ws.load(self.policy, newest),
+                                        dtype=ctx.flow.policy_spec(self.policy).model.dtype)
+        self.workflow: Workflow = make_workflow(ctx.flow, self.engine.codec)
+        self.metric = self.workflow.metric_name(self.role)
+        self.items: list[EvalItem] = self.workflow.eval_items(self.role, ctx.flow.env.eval_size)
+
+    def __call__(self, version: int, n: int | None = None) -> float:
+        self.engine.load_weights(self.ws.load(self.policy, version))
+        return self.workflow.score(self.role, self.engine, self.items[: n or len(self.items)])

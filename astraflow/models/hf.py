@@ -1,0 +1,206 @@
+"""Policies as Hugging Face folders: build, load, publish, swap weights.
+
+Every weight version is a plain HF folder that transformers and vLLM load as it
+is: config.json, safetensors weights (one file, or shards with
+`model.safetensors.index.json`), and the policy's tokenizer, chat template and
+generation config. Those last files are not the trainer's to invent: they come
+from the policy's source (the pretrained folder, or the character tokenizer of a
+tiny model) and are carried forward unchanged into every version, so a worker, a
+trainer and vLLM that hold the same version encode a prompt to the same ids.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from safetensors import safe_open
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from astraflow.flow import ModelSpec
+
+#: Files that are the policy's, not the weights': tokenizer, chat template, generation
+#: config. A version's copies are carried into the next version byte for byte.
+CARRIED_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja", "chat_template.json",
+    "generation_config.json",
+)
+#: A tokenizer can be built from a folder only if it has one of these.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+#: What the weight store accepts (astraflow.stores.weights.ALLOWED_SUFFIXES): no pickles.
+STORE_SUFFIXES = (".safetensors", ".json", ".txt", ".jinja", ".md")
+#: Shard weights above this size. Small enough for any object store's single PUT and
+#: parallel downloads; large enough that a 1B model is one file.
+DEFAULT_MAX_SHARD_SIZE = "2GB"
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+Dtype = Literal["auto", "float32", "bfloat16"]
+Source = str | Path | Mapping[str, bytes]
+
+
+def resolve_dtype(dtype: Dtype | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
+    """`auto` is float32 on CPU (bfloat16 matmuls are far slower on CPUs without native
+    bf16 support, such as this project's test machine) and bfloat16 on CUDA (half the
+    memory, full tensor-core speed)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+
+
+def build_model(spec: ModelSpec, *, seed: int = 0, device: str | torch.device = "cpu"
+                ) -> PreTrainedModel:
+    """The policy's version-0 network: a fresh tiny Llama (seeded), or the pretrained
+    model at `spec.path` in the spec's dtype."""
+    from astraflow.models.factory import tiny_llama
+
+    if spec.kind == "tiny":
+        model = tiny_llama(hidden_size=spec.hidden_size, layers=spec.layers, heads=spec.heads,
+                           intermediate_size=spec.intermediate_size, seed=seed)
+        return model.to(device=device, dtype=resolve_dtype(spec.dtype, device))
+    assert spec.path is not None  # ModelSpec refuses hf without a path
+    # A source may still ship pickled weights (pytorch_model.bin): transformers loads
+    # them (safetensors first when both exist), and every version we write is
+    # safetensors. Versions themselves are read with `load_policy`: safetensors only.
+    return _from_pretrained(spec.path, dtype=spec.dtype, device=device, use_safetensors=None)
+
+
+def source_files(spec: ModelSpec) -> dict[str, bytes]:
+    """The tokenizer, chat template and generation config that version 0 of a policy
+    starts with (and every later version carries forward).
+
+    For `hf` they are written by transformers itself from `spec.path` (a folder or
+    hub id), not copied: a source may hold only a slow tokenizer (`tokenizer.model`,
+    which the weight store refuses) or pickled files; saving the loaded fast tokenizer
+    gives tokenizer.json and the chat template in the form every loader reads.
+    """
+    from transformers import AutoTokenizer, GenerationConfig
+    from transformers.utils import cached_file
+
+    from astraflow.models.tokenizer import build_char_tokenizer
+
+    with tempfile.TemporaryDirectory(prefix="astraflow-src-") as tmp:
+        if spec.kind == "tiny":
+            build_char_tokenizer().save_pretrained(tmp)
+        else:
+            assert spec.path is not None
+            AutoTokenizer.from_pretrained(spec.path).save_pretrained(tmp)
+            # A source without generation_config.json gives versions without one; an
+            # unreachable hub still raises (only a missing entry is tolerated).
+            if cached_file(spec.path, "generation_config.json",
+                           _raise_exceptions_for_missing_entries=False) is not None:
+                GenerationConfig.from_pretrained(spec.path).save_pretrained(tmp)
+        return carried_files(tmp)
+
+
+def carried_files(folder: str | Path) -> dict[str, bytes]:
+    """The files of `folder` that every version carries forward (`CARRIED_FILES`), read
+    into memory, so a trainer can publish long after its source version was pruned."""
+    folder = Path(folder)
+    out = {n: (folder / n).read_bytes() for n in CARRIED_FILES if (folder / n).is_file()}
+    if not any(n in out for n in TOKENIZER_FILES):
+        raise FileNotFoundError(f"{folder} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): "
+                                f"a policy version must carry its tokenizer")
+    return out
+
+
+def save_policy(model: PreTrainedModel, path: str | Path, *, source: Source,
+                max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> None:
+    """Write one version: safetensors weights (sharded with an index above
+    `max_shard_size`), config.json, and `source`'s tokenizer, chat template and
+    generation config, byte for byte.
+
+    `source`: the version folder the model was loaded from, or its files already
+    read (`carried_files`, `source_files`). It is required: a trainer that wrote a
+    tokenizer of its own choosing is how versions once lost their chat template.
+    """
+    files = source if isinstance(source, Mapping) else carried_files(source)
+    if not any(n in files for n in TOKENIZER_FILES):
+        raise ValueError(f"source has no tokenizer ({' or '.join(TOKENIZER_FILES)}); "
+                         f"got {sorted(files)}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path), max_shard_size=max_shard_size)
+    for name, data in files.items():  # over save_pretrained's generation_config.json
+        (path / name).write_bytes(data)
+    for p in path.iterdir():  # what the weight store refuses never leaves this function
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.suffix not in STORE_SUFFIXES:
+            p.unlink()
+
+
+def load_policy(path: str | Path, *, dtype: Dtype | torch.dtype = "auto",
+                device: str | torch.device = "cpu") -> PreTrainedModel:
+    """A version (or any HF model folder or hub id) as an eval-mode model. Sharded or
+    single safetensors; tied embeddings are re-tied by transformers."""
+    return _from_pretrained(path, dtype=dtype, device=device, use_safetensors=True)
+
+
+def _from_pretrained(path: str | Path, *, dtype: Dtype | torch.dtype, device: str | torch.device,
+                     use_safetensors: bool | None) -> PreTrainedModel:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=resolve_dtype(dtype, device), use_safetensors=use_safetensors)
+    model.to(device)
+    model.eval()
+    return model
+
+
+def weight_files(path: str | Path) -> list[Path]:
+    """The safetensors files of a version: the shards its index names, or the one file."""
+    path = Path(path)
+    if (path / INDEX).is_file():
+        shards = sorted(set(json.loads((path / INDEX).read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{path / INDEX} names shards that are absent: {missing}")
+        return [path / s for s in shards]
+    if (path / SINGLE).is_file():
+        return [path / SINGLE]
+    raise FileNotFoundError(f"no weights in {path}: neither {SINGLE} nor {INDEX}")
+
+
+@torch.no_grad()
+def load_weights_into(model: torch.nn.Module, path: str | Path) -> None:
+    """Swap weights in place from a verified version folder (no model rebuild), one
+    tensor at a time, so peak extra memory is one tensor, not a second model.
+
+    Every parameter and buffer the model saves must be in the files, except those
+    tied to one that is (the LM head of a tied-embedding model, saved once); a
+    name, shape or extra tensor that does not fit raises, naming them all.
+    """
+    params = model.state_dict(keep_vars=True)
+    seen: set[str] = set()
+    unexpected: list[str] = []
+    wrong_shape: list[str] = []
+    for f in weight_files(path):
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():
+                if name not in params:
+                    unexpected.append(name)
+                    continue
+                target = params[name]
+                tensor = st.get_tensor(name)
+                if tuple(tensor.shape) != tuple(target.shape):
+                    wrong_shape.append(f"{name} {tuple(tensor.shape)} vs {tuple(target.shape)}")
+                    continue
+                target.copy_(tensor)
+                seen.add(name)
+    loaded = {params[n].data_ptr() for n in seen}
+    missing = [n for n in params if n not in seen and params[n].data_ptr() not in loaded]
+    if unexpected or missing or wrong_shape:
+        raise RuntimeError(f"weights at {path} do not fit the model: missing {missing}, "
+                           f"unexpected {unexpected}, wrong shape {wrong_shape}")
+

@@ -1,0 +1,32 @@
+"""A flow's workload: its environment and its workflow, built the same way in every
+component (worker, trainer's warm start, evaluator), so all of them draw the same
+tasks, encode the same prompts and score the same way.
+
+Light on purpose (no torch): the codec is passed in by the caller, which built it
+from the tokenizer saved with a weight version.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from astraflow.envs.math import MathEnv
+from astraflow.workflows import Workflow, resolve_workflow
+
+if TYPE_CHECKING:
+    from astraflow.flow import FlowSpec
+    from astraflow.models.codec import Codec
+
+
+def make_env(flow: FlowSpec) -> MathEnv:
+    e = flow.env
+    return MathEnv(digits=e.digits, op=e.op, heldout_fraction=e.heldout_fraction, style=e.style,
+                   digits_b=e.digits_b)
+
+
+def make_workflow(flow: FlowSpec, codec: Codec) -> Workflow:
+    """The flow's workflow on its environment, encoding with `codec`."""
+    wf = flow.workflow
+    return resolve_workflow(wf.name)(make_env(flow), codec,
+                                     samples_per_prompt=flow.rollout.samples_per_prompt,
+                                     max_new_tokens=flow.rollout.max_new_tokens, **wf.params)
