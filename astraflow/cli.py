@@ -234,6 +234,73 @@ def launch(
         _fail(str(err))
 
 
+@app.command()
+def scale(
+    target: Annotated[str, typer.Argument(help="a run folder, an s3:// store URI, or a flow YAML "
+                                               "(its runs/<name>/ folder, or its store.uri)")],
+    policy: Annotated[str, typer.Option(help="fixed | deadband | cost | module:attr")] = "deadband",
+    backend: Annotated[str, typer.Option(help="local | modal | sky")] = "local",
+    param: Annotated[list[str], typer.Option("--param", help="policy parameter key=value, "
+                                                             "e.g. high=0.2")] = [],  # noqa: B006
+    max_workers: Annotated[int, typer.Option(help="most workers per pool")] = 4,
+    prices: Annotated[Path | None, typer.Option(help="price CSV (default: SkyPilot's catalog); "
+                                                     "modal/sky pools only")] = None,
+    interval: Annotated[float, typer.Option(help="seconds between decisions")] = 10.0,
+    window: Annotated[float, typer.Option(help="seconds of history each decision reads")] = 30.0,
+    minutes: Annotated[float | None, typer.Option(help="stop after this many minutes")] = None,
+    worker_minutes: Annotated[float, typer.Option(help="each worker stops after this many "
+                                                       "minutes")] = 60.0,
+    runs: Annotated[Path, typer.Option(help="folder holding runs/<name>/ (for a flow YAML)")] = Path("runs"),
+) -> None:
+    """Autoscale a run's rollout workers with a scaling policy (stateless: kill and restart
+    it at will). Stops once every trainer reached stop.max_steps, retiring its workers."""
+    import logging
+
+    from astraflow.run import quiet_libraries, setup_logging
+
+    target = _scale_target(target, runs)
+    ctx = _open(target, "scale", quiet=True)
+    setup_logging("scale")
+    quiet_libraries()
+    logging.getLogger("astraflow.scale").setLevel(logging.INFO)
+    from astraflow.policies import resolve_policy
+    from astraflow.scale import Autoscaler, backend_and_pools, plot_scale
+
+    try:
+        pol = resolve_policy(policy, **_parse_sets(param))
+        be, pools = backend_and_pools(ctx, target, backend, prices=prices,
+                                      max_workers=max_workers, worker_minutes=worker_minutes)
+    except (ValueError, FileNotFoundError) as err:
+        _fail(str(err))
+    scaler = Autoscaler(ctx, pol, be, pools, interval_s=interval, window_s=window)
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints where it is
+    stop = _stop_flag()
+    scaler.run(should_stop=stop, minutes=minutes, echo=typer.echo)
+    from astraflow.stores.uri import is_remote
+
+    if not is_remote(target):
+        plot_scale(ctx, Path(target) / "scale.png")
+        typer.echo(f"wrote {Path(target) / 'scale.png'}")
+
+
+def _scale_target(target: str, runs: Path) -> str:
+    """A flow YAML names its run: its store.uri when remote, else runs/<name>/."""
+    if target.endswith((".yaml", ".yml")) and Path(target).is_file():
+        from astraflow.flow import FlowError, load_flow
+        from astraflow.stores.uri import is_remote
+
+        try:
+            spec = load_flow(Path(target))
+        except FlowError as err:
+            _fail(str(err))
+        uri = str(spec.store.uri) if spec.store.uri else ""
+        return uri if uri and is_remote(uri) else str(runs / spec.name)
+    return target
+
+
 @app.command(hidden=True)
 def zygote(
     label: Annotated[str, typer.Option(help="the run folder (names this process and its forks)")] = "",

@@ -1,7 +1,38 @@
 """Cost-aware scaling policies (installed as `astraflow.policies`).
 
-A leaf package like `astraflow.stores`: it must not import the runtime, torch,
-modal or sky at module level. The scaling-policy API (observation → plan of
-workers per pool), its cost model and simulator arrive with their own issue;
-until then this package holds nothing.
+A leaf package like `astraflow.stores`: it imports neither the runtime, torch,
+modal nor sky (tested), so a policy can be written, simulated and unit-tested
+anywhere, then applied to a real run by `astraflow scale`.
+
+    from astraflow.policies import CostAware, Scenario, Workload, simulate
+    run = simulate(scenario, CostAware())          # cost, GPU-hours, trainer wait
+    plan = CostAware().plan(observation)           # Plan(targets={pool: n}, reason=...)
+
+Modules: `api` (Observation, Pool, Plan, Policy, resolve_policy), `builtin`
+(fixed, deadband, cost), `prices` (SkyPilot catalog or a CSV), `traces` (spot
+capacity traces), `scaling_sim` (the policies replayed over a run, on
+`cluster_sim`'s engine), `cluster_sim` (async vs sync projections).
 """
+
+from astraflow.policies.api import (
+    Decision,
+    Observation,
+    Plan,
+    Policy,
+    Pool,
+    PoolState,
+    ScalingPolicy,
+    TrainerState,
+    resolve_policy,
+)
+from astraflow.policies.builtin import CostAware, DeadBand, Fixed
+from astraflow.policies.prices import Catalog, PriceRow, load_prices, read_csv
+from astraflow.policies.scaling_sim import Scenario, SimRun, Workload, format_runs, simulate
+from astraflow.policies.traces import SpotTrace, load_trace
+
+__all__ = [
+    "Catalog", "CostAware", "DeadBand", "Decision", "Fixed", "Observation", "Plan", "Policy",
+    "Pool", "PoolState", "PriceRow", "ScalingPolicy", "Scenario", "SimRun", "SpotTrace",
+    "TrainerState", "Workload", "format_runs", "load_prices", "load_trace", "read_csv",
+    "resolve_policy", "simulate",
+]

@@ -278,7 +278,11 @@ class _Engine:
         heapq.heappush(self._heap, (t, kind, self._seq, a))
 
     def _advance(self, a: _Actor) -> None:
-        cmd = next(a.gen)
+        try:
+            cmd = next(a.gen)
+        except StopIteration:  # an actor may end (a retired or preempted worker)
+            self._actors.remove(a)
+            return
         if isinstance(cmd, _Wait):
             a.wait, a.blocked, a.pending = cmd, False, True
             self._push(self.now, _CHECK, a)  # check after all work ending now

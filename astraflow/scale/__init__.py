@@ -1,0 +1,230 @@
+"""`astraflow scale`: observe a run from its store, ask a scaling policy, act through a backend.
+
+    every interval_s:
+      store ─► observe(): per policy, trainer wait share and demand (trainer metrics
+               `trainer_wait_s`, `step_time_s`, `rows_read` of the last window_s),
+               backlog (table rows − progress file's rows_consumed);
+               per pool, live workers (the backend's listing) and their rows/s
+               (trajectory rows by worker id in the window; none yet: starting)
+        ─► policy.plan(obs) ─► backend.launch / backend.retire (SIGTERM: the worker
+           finishes its batch, commits, exits) ─► one `scale` metrics row per pool
+
+Stateless over the store: the live workers are whatever the backend lists (a
+state file in the run folder for local processes, the store for Modal calls,
+SkyPilot's job queue for sky jobs) and everything else is read from the store,
+so killing the autoscaler only pauses scaling; started again it carries on.
+Workers it started keep running while it is down.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from astraflow.policies import Decision, Observation, Pool, PoolState, ScalingPolicy, TrainerState
+from astraflow.scale.backends import Backend, new_worker_id
+from astraflow.stores.retry import StoreError
+
+log = logging.getLogger("astraflow.scale")
+
+COMPONENT = "scale"  # metrics rows: component "scale", policy = the pool's name
+
+
+@dataclass
+class Autoscaler:
+    ctx: object  # astraflow.run.RunContext
+    policy: ScalingPolicy
+    backend: Backend
+    pools: list[Pool]
+    interval_s: float = 10.0
+    window_s: float = 30.0
+    started: float = field(default_factory=time.time)
+
+    # -- observe -------------------------------------------------------------------
+    def _trainer_state(self, policy: str, now: float) -> TrainerState:
+        flow, ledger = self.ctx.flow, self.ctx.ledger()
+        batch = flow.batch_rows(policy)
+        rows = [r for r in ledger.read_metrics(since=now - self.window_s,
+                                               names=["trainer_wait_s", "step_time_s",
+                                                      "rows_read"]).to_pylist()
+                if r["component"] == "trainer" and r["policy"] == policy]
+        by = defaultdict(float)
+        for r in rows:
+            by[r["name"]] += r["value"]
+        prog = ledger.progress(policy)
+        backlog = self.ctx.trajectories().count(policy) - (prog.rows_consumed if prog else 0)
+        busy, waited = by["step_time_s"], by["trainer_wait_s"]
+        if busy + waited > 0:
+            # The window's steps: their waits over their wall time, plus the time since
+            # the last step if the trainer has been waiting since.
+            last = max((r["time"] for r in rows), default=now)
+            idle = max(now - last, 0.0) if backlog < batch else 0.0
+            wait = (waited + idle) / (busy + waited + idle)
+        else:  # no step in the window: waiting unless rows are there for it
+            wait = 1.0 if backlog < batch else 0.0
+        demand = by["rows_read"] / busy if busy > 0 else None
+        return TrainerState(policy, wait_fraction=min(max(wait, 0.0), 1.0),
+                            backlog_rows=max(backlog, 0), batch_rows=batch,
+                            max_backlog_rows=flow.rollout.max_backlog_batches * batch,
+                            demand_rows_per_s=demand, steps_done=prog.step + 1 if prog else 0,
+                            steps_target=flow.stop.max_steps)
+
+    def _rows_by_worker(self, now: float) -> dict[str, int]:
+        """Trajectory rows each worker appended in the window (every policy's table)."""
+        from astraflow.stores import _lance
+
+        since = datetime.fromtimestamp(now - self.window_s, UTC)
+        traj, out = self.ctx.trajectories(), defaultdict(int)
+        for p in self.ctx.flow.policy_names():
+            t = _lance.latest_dataset(traj.table(p)).to_table(columns=["worker", "created_at"])
+            for w, c in zip(t.column("worker").to_pylist(), t.column("created_at").to_pylist(),
+                            strict=True):
+                if c is not None and c.astimezone(UTC) >= since:
+                    out[w] += 1
+        return out
+
+    def observe(self) -> Observation:
+        now = time.time()
+        trainers = tuple(self._trainer_state(p, now) for p in self.ctx.flow.policy_names())
+        rows = self._rows_by_worker(now)
+        states = []
+        for pool in self.pools:
+            live = self.backend.live(pool)
+            # A worker's rows carry its id, or its id as a prefix (a sky job appends its own).
+            mine = {w.worker_id: sum(n for k, n in rows.items()
+                                     if k == w.worker_id or k.startswith(w.worker_id + "-"))
+                    for w in live}
+            productive = [w for w in live if mine[w.worker_id] > 0]
+            span = [min(self.window_s, now - w.started) for w in productive]
+            rate = (sum(mine[w.worker_id] for w in productive) / sum(span)
+                    if productive and sum(span) > 0 else None)
+            states.append(PoolState(pool, live=len(live), starting=len(live) - len(productive),
+                                    rows_per_s=rate,
+                                    preemptions_1h=self.backend.preemptions_1h(pool)))
+        left = None
+        if self.ctx.flow.stop.max_minutes:
+            left = self.started + self.ctx.flow.stop.max_minutes * 60 - now
+        return Observation(now - self.started, trainers, tuple(states), left)
+
+    # -- act -------------------------------------------------------------------------
+    def tick(self) -> Decision:
+        obs = self.observe()
+        plan = self.policy.plan(obs).clamp(obs)
+        for pool in self.pools:
+            target = plan.targets.get(pool.name)
+            if target is None:
+                continue
+            live = self.backend.live(pool)
+            if target > len(live):
+                for _ in range(target - len(live)):
+                    self.backend.launch(pool, new_worker_id(pool))
+            elif target < len(live):
+                # Not yet productive ones first (they give nothing yet), then the newest.
+                order = sorted(live, key=lambda w: -w.started)
+                self.backend.retire(pool, order[: len(live) - target])
+        d = Decision(obs.time, dict(plan.targets), obs.live, plan.reason, obs.wait_fraction,
+                     sum(t.backlog_rows for t in obs.trainers))
+        self.ctx.ledger().log_many(COMPONENT, [
+            (pool.name, int(time.time()), {
+                "target": plan.targets.get(pool.name, obs.pool(pool.name).live),
+                "live": obs.pool(pool.name).live, "wait_fraction": obs.wait_fraction,
+                "backlog_rows": d.backlog_rows})
+            for pool in self.pools])
+        log.info("scale: %s -> %s (wait %.0f%%, backlog %d): %s", obs.live, plan.targets,
+                 100 * obs.wait_fraction, d.backlog_rows, plan.reason)
+        return d
+
+    def trainers_done(self) -> bool:
+        target = self.ctx.flow.stop.max_steps
+        if target is None:
+            return False
+        led = self.ctx.ledger()
+        return all((p := led.progress(pol)) is not None and p.step + 1 >= target
+                   for pol in self.ctx.flow.policy_names())
+
+    def run(self, *, should_stop=lambda: False, minutes: float | None = None,
+            retire_at_end: bool = True, echo=print) -> list[Decision]:
+        deadline = time.time() + minutes * 60 if minutes else None
+        out: list[Decision] = []
+        while not should_stop() and not (deadline and time.time() > deadline):
+            if self.trainers_done():
+                echo("every trainer reached stop.max_steps")
+                break
+            try:
+                d = self.tick()
+            except (OSError, StoreError) as err:  # a store read that failed now: next tick
+                log.warning("scale: tick skipped, the store did not answer: %s", err)
+                time.sleep(self.interval_s)
+                continue
+            out.append(d)
+            echo(f"{d.time:6.0f}s live {d.live} -> {d.targets}  wait {d.wait_fraction:.0%} "
+                 f"backlog {d.backlog_rows}: {d.reason}")
+            end = time.time() + self.interval_s
+            while time.time() < end and not should_stop():
+                time.sleep(0.2)
+        if retire_at_end and not should_stop():
+            for pool in self.pools:
+                self.backend.retire(pool, self.backend.live(pool))
+        return out
+
+
+def local_pool(name: str = "local", max_workers: int = 4, rows_per_s: float = 50.0) -> Pool:
+    """The pool of local worker processes (free; bounded by this machine's cores)."""
+    return Pool(name, backend="local", cloud="local", spot=False, price_per_hour=0.0,
+                rows_per_s=rows_per_s, cold_start_s=10.0, max_workers=max_workers)
+
+
+def backend_and_pools(ctx, target: str, backend: str, *, prices=None, max_workers: int = 4,
+                      worker_minutes: float = 60.0) -> tuple[Backend, list[Pool]]:
+    """The backend `--backend` names and the pools it scales: one free local pool, or
+    the flow's `launch.rollout` pools of that backend, priced."""
+    from astraflow.scale import backends as b
+
+    if backend == "local":
+        return b.LocalBackend(target, minutes=worker_minutes), [local_pool(max_workers=max_workers)]
+    if backend not in ("modal", "sky"):
+        raise ValueError(f"--backend must be local, modal or sky, not {backend!r}")
+    from astraflow.scale.pools import cloud_pools
+
+    pools = cloud_pools(ctx.flow, backend, prices=prices, max_workers=max_workers)
+    if backend == "modal":
+        return b.ModalBackend(ctx.store_uri, minutes=worker_minutes), pools
+    return b.SkyBackend(ctx.store_uri, ctx.flow.name, minutes=worker_minutes), pools
+
+
+def plot_scale(ctx, path) -> None:
+    """Workers per pool (target and live), trainer wait and backlog over time, from the
+    run's `scale` metrics rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in ctx.ledger().read_metrics(since=0.0).to_pylist()
+            if r["component"] == COMPONENT]
+    if not rows:
+        return
+    t0 = min(r["time"] for r in rows)
+    series: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    for r in sorted(rows, key=lambda r: r["time"]):
+        series[r["policy"], r["name"]].append(((r["time"] - t0) / 60, r["value"]))
+    fig, ax = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
+    for (pool, name), pts in series.items():
+        if name in ("live", "target"):
+            ax[0].step(*zip(*pts, strict=True), where="post", label=f"{pool} {name}",
+                       linestyle="-" if name == "live" else ":")
+    first = next(iter({p for p, _ in series}))
+    ax[1].plot(*zip(*series[first, "wait_fraction"], strict=True))
+    ax[2].plot(*zip(*series[first, "backlog_rows"], strict=True))
+    ax[0].set_ylabel("autoscaled workers")
+    ax[0].legend(fontsize=7)
+    ax[1].set_ylabel("trainer wait (window)")
+    ax[1].set_ylim(0, 1)
+    ax[2].set_ylabel("backlog rows")
+    ax[2].set_xlabel("minutes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
