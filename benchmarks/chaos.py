@@ -161,8 +161,9 @@ def main() -> None:
     diff = hot["accuracy_final"] - calm["accuracy_final"]
     a = hot["audit"].get(calm["policy"], {})
     console.print()
-    console.print(f"kills: {len(kills)} ({sum(k['component'] == 'trainer' for k in kills)} trainer, "
-                  f"{sum(k['component'] != 'trainer' for k in kills)} rollout workers)"
+    trainer_kills = sum(k["component"].startswith("trainer") for k in kills)  # trainer-<policy>
+    console.print(f"kills: {len(kills)} ({trainer_kills} trainer, "
+                  f"{len(kills) - trainer_kills} rollout workers)"
                   + ("" if len(kills) >= args.min_kills else
                      f"  [red]fewer than --min-kills {args.min_kills}: lengthen the run[/red]"))
     console.print(f"audit (chaos): exit {hot['audit_exit']}, duplicate rows {a.get('duplicate_rows')}, "
