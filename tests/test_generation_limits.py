@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from dataclasses import dataclass
 
 import pytest
@@ -16,7 +15,7 @@ from astraflow.flow import FlowError, parse_flow
 from astraflow.models.tokenizer import CharCodec
 from astraflow.rollout.engine import HFEngine, PromptTooLong
 from astraflow.rollout.worker import RolloutWorker
-from astraflow.run import RESOLVED, RunContext
+from tests.runs import seeded_run
 
 
 @dataclass
@@ -126,22 +125,12 @@ def test_bad_env_and_limits_are_refused():
 
 @pytest.fixture
 def ctx(tmp_path, tiny_policy_dir):
-    flow = parse_flow({
+    return seeded_run(tmp_path / "run", {
         "name": "lim", "policies": [{"name": "solver", "model": {"hidden_size": 64, "layers": 2,
                                                                  "heads": 2, "intermediate_size": 128}}],
         "env": {"digits": 2, "eval_size": 20},
         "rollout": {"prompts_per_batch": 4, "samples_per_prompt": 2, "max_new_tokens": 2},
-    })
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / RESOLVED).write_text(flow.dump())
-    c = RunContext(flow, run)
-    ws = c.weights()
-    st = ws.staging_dir("solver")
-    for f in tiny_policy_dir.iterdir():
-        shutil.copy(f, st)
-    ws.publish("solver", st, step=0)
-    return c
+    }, tiny_policy_dir)
 
 
 def test_worker_honours_flow_limits_and_marks_rows(ctx):

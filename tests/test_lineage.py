@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from astraflow.flow import parse_flow
-from astraflow.run import RESOLVED, RunContext
+from astraflow.run import RunContext
 from astraflow.stores.weights import Manifest, WeightError
 from astraflow.train.lineage import Lineage
 from astraflow.train.trainer import Trainer
+from tests.runs import seeded_run
 from tests.test_stores import make_rows
 
 BATCH = 8
 
 
 def make_ctx(run, tiny_policy_dir, keep_last: int = 8, rollout: dict | None = None) -> RunContext:
-    flow = parse_flow({
+    flow = {
         "name": "lin", "policies": [{"name": "solver", "model": {
             "hidden_size": 64, "layers": 2, "heads": 2, "intermediate_size": 128},
             "algorithm": {"lr": 0.01}}],
@@ -27,16 +25,8 @@ def make_ctx(run, tiny_policy_dir, keep_last: int = 8, rollout: dict | None = No
         "stages": [{"name": "staleness", "params": {"max_versions": 1}},
                    {"name": "group_advantages"}],
         "store": {"keep_last": keep_last, "keep_every": 0},
-    })
-    run.mkdir(parents=True, exist_ok=True)
-    (run / RESOLVED).write_text(flow.dump())
-    ctx = RunContext(flow, run)
-    ws = ctx.weights()
-    st = ws.staging_dir("solver")
-    for f in tiny_policy_dir.iterdir():
-        shutil.copy(f, st)
-    ws.publish("solver", st, step=0, version=0)
-    return ctx
+    }
+    return seeded_run(run, flow, tiny_policy_dir)
 
 
 def append(ctx: RunContext, behavior_version: int) -> None:

@@ -8,17 +8,17 @@ import pytest
 import torch
 
 from astraflow.audit import audit_policy
-from astraflow.flow import parse_flow
-from astraflow.run import RESOLVED, RunContext
+from astraflow.run import RunContext
 from astraflow.stores import CheckpointError, replay
 from astraflow.train.trainer import Trainer
+from tests.runs import seeded_run
 from tests.test_stores import make_rows
 
 BATCH = 8
 
 
 def make_ctx(run, tiny_policy_dir, **trainer) -> RunContext:
-    flow = parse_flow({
+    flow = {
         "name": "r", "policies": [{"name": "solver", "model": {"hidden_size": 64, "layers": 2,
                                                                "heads": 2, "intermediate_size": 128},
                                    "algorithm": {"lr": 0.01, "publish_every": 2}}],
@@ -26,16 +26,8 @@ def make_ctx(run, tiny_policy_dir, **trainer) -> RunContext:
         "rollout": {"prompts_per_batch": 2, "samples_per_prompt": 4},
         "trainer": {"checkpoint_every": 3, **trainer},
         "store": {"keep_last": 2, "keep_every": 0},
-    })
-    run.mkdir(parents=True, exist_ok=True)
-    (run / RESOLVED).write_text(flow.dump())
-    ctx = RunContext(flow, run)
-    ws = ctx.weights()
-    st = ws.staging_dir("solver")
-    for f in tiny_policy_dir.iterdir():
-        shutil.copy(f, st)
-    ws.publish("solver", st, step=0, version=0)
-    return ctx
+    }
+    return seeded_run(run, flow, tiny_policy_dir)
 
 
 def fill(ctx: RunContext, batches: int) -> None:

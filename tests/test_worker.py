@@ -8,31 +8,19 @@ import time
 
 import pytest
 
-from astraflow.flow import parse_flow
 from astraflow.rollout.worker import RolloutWorker
-from astraflow.run import RESOLVED, RunContext
 from astraflow.stores import LedgerEntry, Progress
+from tests.runs import seeded_run
 
 
 @pytest.fixture
 def ctx(tmp_path, tiny_policy_dir):
-    flow = parse_flow({
+    return seeded_run(tmp_path / "run", {
         "name": "w", "policies": [{"name": "solver", "model": {"hidden_size": 64, "layers": 2,
                                                                "heads": 2, "intermediate_size": 128}}],
         "env": {"digits": 2, "eval_size": 20},
         "rollout": {"prompts_per_batch": 3, "samples_per_prompt": 2, "max_backlog_batches": 1},
-    })
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / RESOLVED).write_text(flow.dump())
-    c = RunContext(flow, run)
-    ws = c.weights()
-    for _ in range(2):
-        st = ws.staging_dir("solver")
-        for f in tiny_policy_dir.iterdir():
-            shutil.copy(f, st)
-        ws.publish("solver", st, step=0)
-    return c
+    }, tiny_policy_dir, versions=2)
 
 
 def test_worker_writes_one_commit_per_batch_with_logprobs(ctx):
