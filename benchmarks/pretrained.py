@@ -1,7 +1,7 @@
 """A real pretrained model through AstraFlow against a bare single-process RL loop.
 
     python benchmarks/pretrained.py [--flow examples/smollm2-math.yaml] [--minutes 15]
-                                     [--points 40] [--skip-flow] [--skip-bare]
+                                     [--points 40] [--skip-flow] [--skip-bare] [--set k=v]
 
 Both learn the flow's workload (SmolLM2-135M-Instruct on "What is a + b?" by
 default) from the same pretrained weights with the same settings: batch size,
@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 from rich.console import Console
 
 from astraflow.flow import FlowSpec, load_flow
@@ -166,6 +167,9 @@ def main() -> None:
     ap.add_argument("--skip-flow", action="store_true")
     ap.add_argument("--skip-bare", action="store_true")
     ap.add_argument("--out", default="runs/bench-pretrained.json")
+    ap.add_argument("--set", dest="sets", action="append", default=[],
+                    help="override a flow field for the AstraFlow run, e.g. "
+                         "policies.0.algorithm.objective=decoupled")
     args = ap.parse_args()
     quiet_libraries()
     console = Console()
@@ -175,7 +179,8 @@ def main() -> None:
         torch.set_num_threads(2)
         out["bare"] = bare_loop(flow, args.minutes, args.points, console)
     if not args.skip_flow:
-        out["astraflow"] = astraflow_run(args.flow, args.minutes, args.points, console, {})
+        sets = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.sets)}
+        out["astraflow"] = astraflow_run(args.flow, args.minutes, args.points, console, sets)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     console.print(f"\n[bold]time to v0 + {args.points:.0f} points[/bold]")
