@@ -51,6 +51,8 @@ def test_hf_codec_stop_strings_pad_and_no_template():
     assert codec.pad_id == tok.convert_tokens_to_ids("<|im_end|>") != codec.eos_id
     assert codec.stop_strings == ("\n\n",)
     assert codec.decode(codec.encode("19.\n\nWhat is")) == "19."
+    assert codec.hits_stop_string(codec.encode("19.\n\nWhat is"))  # decode cut it away
+    assert not codec.hits_stop_string(codec.encode("19.\nWhat is"))
     plain = HFCodec(build_bpe_tokenizer(template=False))
     assert not plain.is_chat and plain.stop_ids == (plain.eos_id,)
     with pytest.raises(ValueError, match="no chat template"):

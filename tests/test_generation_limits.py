@@ -12,6 +12,8 @@ import torch
 
 from astraflow.envs.math import MathEnv, parse_answer
 from astraflow.flow import FlowError, parse_flow
+from astraflow.models.codec import HFCodec
+from astraflow.models.hf import load_policy
 from astraflow.models.tokenizer import CharCodec
 from astraflow.rollout.engine import HFEngine, PromptTooLong
 from astraflow.rollout.worker import RolloutWorker
@@ -40,6 +42,9 @@ class _ExtraStops:
 
     def decode(self, ids):
         return self.base.decode(ids)
+
+    def hits_stop_string(self, ids):
+        return any(s in self.base.decode(ids) for s in self.stop_strings)
 
 
 def _engine(tiny_policy_dir, codec=None) -> HFEngine:
@@ -88,6 +93,22 @@ def test_stop_strings_end_a_completion(tiny_policy_dir):
     assert cut, "no completion was ended by the stop string"
     for c in cut:
         assert base.decode(c).endswith("1") and "1" not in base.decode(c[:-1])
+
+
+def test_stop_strings_of_a_real_tokenizer_end_a_completion(bpe_model_dir):
+    """HFCodec.decode cuts stop strings away, so the engine must ask the codec whether
+    one was written (it once looked for them in the cut text and never stopped)."""
+    codec = HFCodec.from_pretrained(bpe_model_dir, stop_strings=("e",))
+    eng = HFEngine(load_policy(bpe_model_dir), codec)
+    prompts = [codec.encode(f"What is {i} + 7?") for i in range(8)]
+    gen = eng.generate(prompts, max_new_tokens=12, samples_per_prompt=4, temperature=2.0,
+                       generator=torch.Generator().manual_seed(0))
+    cut = [c for c, r in zip(gen.completions, gen.finish_reasons, strict=True)
+           if r == "stop" and c[-1] not in codec.stop_ids]
+    assert cut, "no completion was ended by the stop string"
+    for c in cut:
+        assert codec.hits_stop_string(c) and not codec.hits_stop_string(c[:-1])
+        assert "e" not in codec.decode(c)
 
 
 def test_overlong_prompt_is_refused_before_any_compute(tiny_policy_dir):

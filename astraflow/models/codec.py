@@ -54,6 +54,11 @@ class Codec(Protocol):
         special tokens dropped."""
         ...
 
+    def hits_stop_string(self, ids: Sequence[int]) -> bool:
+        """Whether the text of `ids` (up to the first stop id) holds a stop string: what
+        ends a completion in an engine that decodes as it generates."""
+        ...
+
 
 #: End-of-turn tokens of common chat templates. A completion ends at any of them that
 #: the model's template uses, not only at EOS: an instruct model closes its turn
@@ -139,6 +144,15 @@ class HFCodec:
             if (k := text.find(s)) >= 0:
                 text = text[:k]
         return text
+
+    def hits_stop_string(self, ids: Sequence[int]) -> bool:
+        """Whether the text up to the first stop id holds a stop string (`decode` cuts it
+        away, so an engine cannot look for it there)."""
+        if not self.stop_strings:
+            return False
+        end = next((k for k, i in enumerate(ids) if int(i) in self._stops), len(ids))
+        text = self.tokenizer.decode([int(i) for i in ids[:end]], skip_special_tokens=True)
+        return any(s in text for s in self.stop_strings)
 
 
 def _generation_eos(path: Path) -> list[int]:

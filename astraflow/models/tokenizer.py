@@ -71,6 +71,10 @@ class CharCodec:
         joined, encoded as plain text (`add_generation_prompt` changes nothing)."""
         return self.encode("".join(m["content"] for m in messages))
 
+    def hits_stop_string(self, ids: Sequence[int]) -> bool:
+        """Never: the character codec has no stop strings."""
+        return False
+
     def decode(self, ids: Sequence[int]) -> str:
         """Characters up to the first EOS; specials dropped."""
         out = []

@@ -113,7 +113,6 @@ class HFEngine:
         if not greedy and temperature <= 0:
             raise ValueError("temperature must be > 0 when sampling (use greedy=True instead)")
         pad = self.codec.pad_id
-        stop_strings = tuple(self.codec.stop_strings)
         n, width = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((n, width), pad, dtype=torch.long)
         mask = torch.zeros((n, width), dtype=torch.long)
@@ -133,7 +132,6 @@ class HFEngine:
         tokens = torch.empty((n, max_new_tokens), dtype=torch.long)
         logps = torch.empty((n, max_new_tokens), dtype=torch.float32)
         done = torch.zeros(n, dtype=torch.bool)
-        stopped = torch.zeros(n, dtype=torch.bool)
         lengths = torch.full((n,), max_new_tokens, dtype=torch.long)
         for t in range(max_new_tokens):
             scaled = logits.float() if greedy else logits.float() / temperature
@@ -146,13 +144,11 @@ class HFEngine:
             tokens[:, t] = tok
             logps[:, t] = logp_all.gather(-1, tok[:, None]).squeeze(-1)
             newly = torch.isin(tok, self._stop_ids) & ~done
-            if stop_strings:
+            if self.codec.stop_strings:
                 for i in (~done & ~newly).nonzero().flatten().tolist():
-                    text = self.codec.decode(tokens[i, : t + 1].tolist())
-                    if any(s in text for s in stop_strings):
+                    if self.codec.hits_stop_string(tokens[i, : t + 1].tolist()):
                         newly[i] = True
             lengths[newly] = t + 1
-            stopped |= newly
             done |= newly
             if bool(done.all()) or t == max_new_tokens - 1:
                 break
@@ -168,7 +164,7 @@ class HFEngine:
             k = int(lengths[i])
             comps.append(tokens[i, :k].tolist())
             lps.append(logps[i, :k].tolist())
-        return Generation(comps, lps, [STOP if bool(s) else LENGTH for s in stopped])
+        return Generation(comps, lps, [STOP if bool(s) else LENGTH for s in done])
 
 
 def check_engine(kind: str) -> None:

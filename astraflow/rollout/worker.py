@@ -55,7 +55,6 @@ class _Actor:
     def __init__(self, worker: RolloutWorker):
         self.w = worker
         self.codec = worker.workflow.codec
-        self.finish: list[str] = []  # finish reason of every completion, in generation order
         self.gen_s: dict[str, float] = defaultdict(float)
         self.truncated: dict[str, int] = defaultdict(int)
         self.completions: dict[str, int] = defaultdict(int)

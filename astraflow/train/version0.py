@@ -79,8 +79,9 @@ def publish_version0(ctx: RunContext, console: Console, policies: list[str] | No
             console.print(f"loading {name}'s pretrained model from {pol.model.path} "
                           f"(dtype {pol.model.dtype})")
         model = build_model(pol.model, seed=ctx.flow.seed)
-        files = model_source_files(pol.model)
-        if source is not None:
+        if source is None:
+            files = model_source_files(pol.model)
+        else:  # its weights and the tokenizer files they came with
             src_dir = ws.load(source, 0)
             load_weights_into(model, src_dir)
             files = carried_files(src_dir)
