@@ -100,6 +100,10 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
     sup.start_all()
     console.print(f"started {len(sup.components)} component(s) in {flow.mode} mode: "
                   + ", ".join(c.name for c in sup.components))
+    first = evaluators[pol]
+    console.print(LEGEND.format(metric=first.metric, n=min(flow.stop.live_eval_size,
+                                                           len(first.items)),
+                                total=len(first.items)), style="dim")
     deadline = t0 + flow.stop.max_minutes * 60
     live: list[dict[str, Any]] = []
     last_eval = last_show = last_maint = t0
@@ -130,7 +134,8 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
                     latest[r["policy"]][r["name"]] = r["value"]
                     latest[r["policy"]]["step"] = r["step"]
                 last_show = now
-                _show(console, now - t0, latest, live)
+                _show(console, now - t0, latest, live, max_steps=flow.stop.max_steps,
+                      time_left_s=deadline - now)
             if now - last_eval >= flow.stop.eval_every_s:
                 point = live_eval(ctx, ledger, evaluators, flow.stop.live_eval_size)
                 if point is not None:
@@ -210,8 +215,35 @@ def live_eval(ctx: RunContext, ledger: Ledger, evaluators: dict[str, Evaluator],
     return point
 
 
+LEGEND = ("columns: step done/max · v = newest weight version · reward = mean sampled reward "
+          "of the step's rows · held-out = greedy {metric} of the version named, on {n} of the "
+          "{total} held-out tasks (the final figure uses all {total}), and how long ago · "
+          "staleness = mean versions between a row's sampler and the trainer · rows/s and wait = "
+          "the trainer's throughput and its idle wait for rows · ETA = until max_steps or "
+          "max_minutes, whichever comes first")
+
+
+def progress_line(t: float, name: str, m: dict[str, float], live: dict[str, Any] | None,
+                  policy: str, *, max_steps: int, time_left_s: float) -> str:
+    """One progress line of a policy: `m` its newest trainer metrics (with `step`), `live`
+    the newest live evaluation point (or None). The ETA takes the step rate so far against
+    `max_steps`, and the wall-clock limit, whichever ends the run first."""
+    done = int(m["step"]) + 1
+    acc = "—"
+    if live is not None and policy in live["accuracy"]:
+        age = max(t - live.get("t", t), 0.0)
+        acc = f"{live['accuracy'][policy]:.1%} of v{int(live['version'][policy])} ({age:.0f}s ago)"
+    by_steps = (max_steps - done) * t / done if done else float("inf")
+    eta = max(min(by_steps, time_left_s), 0.0)
+    rate = m.get("rows_read", 0) / max(m.get("step_time_s", 0) + m.get("trainer_wait_s", 0), 1e-9)
+    return (f"  {t:5.0f}s {name}step {done}/{max_steps}  v{int(m.get('weight_version', 0))}  "
+            f"reward {m.get('reward_mean', 0):.3f}  held-out {acc}  "
+            f"staleness {m.get('staleness_mean', 0):.2f}  {rate:.0f} rows/s  "
+            f"wait {m.get('trainer_wait_s', 0):.2f}s  ETA {eta / 60:.1f} min")
+
+
 def _show(console: Console, t: float, latest: dict[str, dict[str, float]],
-          live: list[dict[str, Any]]) -> None:
+          live: list[dict[str, Any]], *, max_steps: int, time_left_s: float) -> None:
     if not any("step" in m for m in latest.values()):
         console.print(f"  {t:5.0f}s waiting for the first trainer step…")
         return
@@ -219,17 +251,9 @@ def _show(console: Console, t: float, latest: dict[str, dict[str, float]],
         if "step" not in m:
             console.print(f"  {t:5.0f}s {p}: waiting for its first step…")
             continue
-        acc = "—"
-        if live and p in live[-1]["accuracy"]:
-            acc = f"{live[-1]['accuracy'][p]:.1%} (v{int(live[-1]['version'][p])})"
         name = f"{p}: " if len(latest) > 1 else ""
-        console.print(
-            f"  {t:5.0f}s {name}step {int(m['step']):5d}  v{int(m.get('weight_version', 0))}  "
-            f"reward {m.get('reward_mean', 0):.3f}  held-out {acc}  "
-            f"staleness {m.get('staleness_mean', 0):.2f}  "
-            f"{m.get('rows_read', 0) / max(m.get('step_time_s', 0) + m.get('trainer_wait_s', 0), 1e-9):.0f} rows/s  "
-            f"wait {m.get('trainer_wait_s', 0):.2f}s"
-        )
+        console.print(progress_line(t, name, m, live[-1] if live else None, p,
+                                    max_steps=max_steps, time_left_s=time_left_s))
 
 
 def _maintain(ctx: RunContext) -> None:

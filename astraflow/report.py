@@ -40,6 +40,12 @@ def plot(ctx: RunContext, t0: float, acc0: dict[str, float] | None = None,
 
     fig, ax = plt.subplots(figsize=(7, 4))
     policies = ctx.flow.policy_names()
+    # Live points score the first `live_eval_size` held-out tasks (cheap enough to run
+    # beside the components); v0 and the final star score all `eval_size`: the labels
+    # say so, since the two can differ by a few points.
+    total = ctx.flow.env.eval_size
+    live_n = min(ctx.flow.stop.live_eval_size, total)
+    temp = ctx.flow.rollout.temperature
     evals = ctx.ledger().read_metrics(names=["heldout_accuracy"]).to_pylist()
     rewards = ctx.ledger().read_metrics(names=["reward_mean"]).to_pylist()
     for i, p in enumerate(policies):
@@ -51,15 +57,15 @@ def plot(ctx: RunContext, t0: float, acc0: dict[str, float] | None = None,
                      if r["component"] == "eval" and r["policy"] == p)
         if reward:
             ax.plot([t - t0 for t, _ in reward], [v for _, v in reward], lw=0.8, alpha=0.4,
-                    color=colour, label=f"{tag}train reward (sampled, T=1)")
+                    color=colour, label=f"{tag}train reward (sampled, T={temp:g})")
         if acc:
             ax.plot([t - t0 for t, _ in acc], [v for _, v in acc], "o-", ms=3, color=colour,
-                    label=f"{tag}held-out (greedy)")
+                    label=f"{tag}held-out, live (greedy, {live_n} of {total} tasks)")
         if acc0 and p in acc0:
-            ax.axhline(acc0[p], ls="--", color=colour, lw=1, label=f"{tag}v0 held-out ({acc0[p]:.0%})")
+            ax.axhline(acc0[p], ls="--", color=colour, lw=1, label=f"{tag}v0 held-out ({acc0[p]:.0%}, {total} tasks)")
         if final and p in final:
             t, a = final[p]
-            ax.plot([t], [a], "*", color=colour, ms=12, label=f"{tag}final held-out ({a:.0%})")
+            ax.plot([t], [a], "*", color=colour, ms=12, label=f"{tag}final held-out ({a:.0%}, {total} tasks)")
     ax.set_xlabel("seconds since components started")
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(0, 1)

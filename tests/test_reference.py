@@ -47,3 +47,4 @@ def test_a_field_without_docstring_is_caught():
 
     assert undocumented(Root) == ["Child.bare"]
     assert issubclass(Root, BaseModel)
+
