@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                                          min_workers=need - 1), f"deadband-{h:g}-min{need - 1}")
                   for h in BANDS_FLOORED]
         fixed = simulate(scn, Fixed(need, od_name), "fixed-od")
-        cost_d = simulate(scn, CostAware(), "cost-$")
+        cost_d = simulate(scn, CostAware(), "cost-dollars")
         cost = simulate(scn, CostAware(gpu_slack=ns.gpu_slack), "cost")
         curve = [simulate(scn, CostAware(gpu_slack=g), f"cost-{g:g}")
                  for g in SLACKS if g != ns.gpu_slack] if ns.curve else []

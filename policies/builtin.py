@@ -170,7 +170,9 @@ class CostAware(Policy):
         if not any(t.demand_rows_per_s for t in obs.trainers) and supply == 0:
             if starting or sum(obs.live.values()):
                 return Plan(obs.live, "waiting for the first workers' rows")
-            first = next((s for s in by_cost if self.can_grow(s)), by_cost[0])
+            budget = self.gpu_budget(obs)  # start within the GPU-hour cap too
+            fits = [s for s in by_cost if self.gpu_hours_per_row(s) <= budget * (1 + 1e-9)]
+            first = next((s for s in fits if self.can_grow(s)), fits[0])
             return Plan({first.pool.name: self.bootstrap},
                         f"no trainer demand measured yet: start {self.bootstrap} in the "
                         f"cheapest pool {first.pool.name}")
@@ -237,7 +239,7 @@ class CostAware(Policy):
         rows = sum(n * self.useful_rows_per_s(obs.pool(k)) for k, n in targets.items())
         gpus = sum(n * obs.pool(k).pool.gpus for k, n in targets.items())
         added: dict[str, int] = {}
-        while left > 1e-9:
+        while left > 1e-6:  # rows/s; a hair of backlog refill buys no extra worker
             room = [s for s in by_cost
                     if targets[s.pool.name] < (s.pool.max_workers if self.can_grow(s)
                                                else min(s.live, s.pool.max_workers))]
