@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,26 @@ def _replace(path: Path, fill: Callable[[Path], object]) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _local_sizes(base: Path) -> dict[str, int]:
+    """Size of every regular file below `base`, keyed by '/'-path relative to it.
+
+    Files come and go while we list: a staged temp file is renamed into place, an old
+    version or checkpoint is pruned. A file (or folder) that vanishes between the
+    listing and its stat was not there, so it is left out rather than raising (a
+    trainer once crashed on exactly that). os.walk skips a folder it cannot list."""
+    out: dict[str, int] = {}
+    for folder, _, files in os.walk(base):
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                out[Path(path).relative_to(base).as_posix()] = st.st_size
+    return out
 
 
 class ObjectStore:
@@ -135,9 +156,7 @@ class ObjectStore:
         """Size of every file below `rel`, keyed like `walk` (one listing on S3)."""
         root = self.path(rel)
         if not self.remote:
-            base = Path(root)
-            return ({p.relative_to(base).as_posix(): p.stat().st_size
-                     for p in base.rglob("*") if p.is_file()} if base.exists() else {})
+            return _local_sizes(Path(root))
         sel = pafs.FileSelector(root, recursive=True, allow_not_found=True)
         infos = self._call(lambda: self.fs.get_file_info(sel), f"listing {rel or '/'}")
         n = len(root) + 1

@@ -175,3 +175,54 @@ def test_plot_runs_writes_a_png(tmp_path):
     runs = [simulate(scn, Fixed(4, "od"), "fixed"), simulate(scn, CostAware(), "cost")]
     plot_runs(runs, str(tmp_path / "p.png"), "t")
     assert (tmp_path / "p.png").stat().st_size > 5000
+
+
+def _two_speeds(**live):
+    """A fast pool and a cheap slow one (rows/s per GPU 4.0 vs 1.6; $/row 0.375 vs 0.25)."""
+    pools = (Pool("fast", spot=True, price_per_hour=1.5, rows_per_s=4.0),
+             Pool("slow", spot=True, price_per_hour=0.4, rows_per_s=1.6))
+    return _obs(demand=20.0, pools=pools, live=live)
+
+
+def test_cost_aware_weighs_gpu_hours_against_dollars():
+    plan = CostAware(drain_s=1e9).plan(_two_speeds())  # dollars only: all slow
+    assert plan.targets == {"fast": 0, "slow": 13}, plan.reason
+    plan = CostAware(drain_s=1e9, gpu_slack=0.0).plan(_two_speeds())  # GPU-hours first: all fast
+    assert plan.targets == {"fast": 5, "slow": 0}, plan.reason
+    # In between: the cheapest rows whose fleet stays within 1.5x the fast pool's GPU-hours
+    # per row: both pools, slow rows as far as the fast ones make room.
+    pol = CostAware(drain_s=1e9, gpu_slack=0.5)
+    plan = pol.plan(_two_speeds())
+    f, s = plan.targets["fast"], plan.targets["slow"]
+    assert f > 0 and s > 0, plan.reason
+    assert 4.0 * f + 1.6 * s >= 20.0  # the need is covered
+    assert (f + s) / (4.0 * f + 1.6 * s) <= 1.5 / 4.0 + 1e-9  # within the cap
+    assert 1.5 * f + 0.4 * s < 1.5 * 5  # cheaper than all fast
+    assert "GPU-hours per row capped" in plan.reason and "GPU-h/M rows" in plan.reason
+    with pytest.raises(ValueError, match="gpu_slack"):
+        CostAware(gpu_slack=-0.1)
+
+
+def test_cost_aware_keeps_at_most_one_surplus_worker():
+    pol = CostAware(headroom=0.0, drain_s=1e9)
+    # 4 x 4 rows/s for 10 needed: two workers too many, retire them (3 x 4 = 12 covers it).
+    p = pol.plan(_obs(demand=10.0, live={"spot-a": 4}))
+    assert p.targets["spot-a"] == 3 and sum(p.targets.values()) == 3, p.reason
+    # 3 x 4 = 12 for 10: one fewer would leave the trainer short: hold.
+    p = pol.plan(_obs(demand=10.0, live={"spot-a": 3}))
+    assert p.targets == {"od": 0, "spot-a": 3, "spot-b": 0} and p.reason.startswith("hold")
+
+
+def test_simulated_gpu_cap_trades_dollars_for_gpu_hours():
+    work = Workload(batch_rows=64, batches_per_step=2, train_s=10.0, max_backlog_batches=8,
+                    steps=200)  # 12.8 rows/s
+    pools = (Pool("od", price_per_hour=2.0, rows_per_s=3.2, cold_start_s=60),
+             Pool("fast", spot=True, price_per_hour=1.2, rows_per_s=3.2, cold_start_s=60),
+             Pool("slow", spot=True, price_per_hour=0.3, rows_per_s=1.28, cold_start_s=60))
+    scn = Scenario("two speeds", work, pools, interval_s=30.0, window_s=120.0)
+    dollars = simulate(scn, CostAware(), "dollars")
+    capped = simulate(scn, CostAware(gpu_slack=0.0), "capped")
+    assert dollars.steps == capped.steps == 200
+    assert dollars.worker_hours["slow"] > 0 and capped.worker_hours["slow"] == 0
+    assert dollars.rollout_cost < capped.rollout_cost and capped.gpu_hours < dollars.gpu_hours
+    assert max(dollars.trainer_wait_fraction, capped.trainer_wait_fraction) < 0.1

@@ -404,6 +404,13 @@ def test_autoscaler_observes_the_store_and_acts(tmp_path):
         again = Autoscaler(ctx, DeadBand(), LocalBackend(ctx.run_dir, command=fake), [pool])
         [w] = again.backend.live(pool)
         assert again.observe().pool("local").live == 1 and w.worker_id.startswith("local-")
+        # Its rows reach the autoscaler as `worker_rows` metrics rows naming the worker.
+        assert again.observe().pool("local").starting == 1  # no row yet
+        led.log("rollout", w.worker_id, 1, {"worker_rows": 16})
+        led.log("rollout", "another-worker", 1, {"worker_rows": 64})
+        st = again.observe().pool("local")
+        assert st.starting == 0 and st.rows_per_s and st.rows_per_s > 0
+        assert again._rows_by_worker(time.time()) == {w.worker_id: 16, "another-worker": 64}
         assert not again.trainers_done()
         led.write_progress(Progress("solver", step=9, cursor=0, rows_consumed=0,
                                     weight_version=1, time=time.time()))
@@ -427,3 +434,26 @@ def test_scale_cli_refuses_bad_arguments(tmp_path):
     assert r.exit_code == 2 and "no built-in scaling policy" in r.output
     r = CliRunner().invoke(app, ["scale", str(ctx.run_dir), "--backend", "sky"])
     assert r.exit_code == 2 and "no sky pool" in r.output  # the flow has no launch: section
+
+
+def test_a_real_worker_reports_its_rows_to_the_autoscaler(tmp_path, tiny_policy_dir):
+    """The rollout worker logs `worker_rows` with its id; the autoscaler counts a worker's
+    rows from those metrics (not by scanning the trajectory tables)."""
+    from astraflow.policies import Fixed
+    from astraflow.rollout.worker import RolloutWorker
+    from astraflow.scale import Autoscaler, local_pool
+    from astraflow.scale.backends import LocalBackend
+    from tests.runs import seeded_run
+
+    ctx = seeded_run(tmp_path / "run", {
+        "name": "w", "policies": [{"name": "solver", "model": {
+            "hidden_size": 64, "layers": 2, "heads": 2, "intermediate_size": 128}}],
+        "env": {"digits": 2, "eval_size": 20},
+        "rollout": {"prompts_per_batch": 3, "samples_per_prompt": 2, "max_backlog_batches": 4},
+    }, tiny_policy_dir, versions=1)
+    w = RolloutWorker(ctx, "local-pool-abc")
+    assert w.refresh_weights()
+    assert w.produce_batch() == 6 and w.produce_batch() == 6
+    scaler = Autoscaler(ctx, Fixed(1), LocalBackend(ctx.run_dir), [local_pool()], window_s=60.0)
+    assert scaler._rows_by_worker(time.time()) == {"local-pool-abc": 12}
+    assert scaler._rows_by_worker(time.time() + 120) == {}  # out of the window

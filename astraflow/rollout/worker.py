@@ -253,6 +253,7 @@ class RolloutWorker:
                 "reward_mean": sum(r["reward"] for r in prow) / len(prow),
                 "truncated_frac": actor.truncated[policy] / max(actor.completions[policy], 1),
             }))
+        metrics.append((self.worker_id, self.batches, {"worker_rows": total}))  # scale: per worker
         self.ledger.log_many("rollout", metrics)
         return total
 

@@ -5,7 +5,7 @@
                `trainer_wait_s`, `step_time_s`, `rows_read` of the last window_s),
                backlog (table rows − progress file's rows_consumed);
                per pool, live workers (the backend's listing) and their rows/s
-               (trajectory rows by worker id in the window; none yet: starting)
+               (the workers' `worker_rows` metrics in the window; none yet: starting)
         ─► policy.plan(obs) ─► backend.launch / backend.retire (SIGTERM: the worker
            finishes its batch, commits, exits) ─► one `scale` metrics row per pool
 
@@ -22,7 +22,6 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from astraflow.policies import Decision, Observation, Pool, PoolState, ScalingPolicy, TrainerState
 from astraflow.scale.backends import Backend, new_worker_id
@@ -73,17 +72,15 @@ class Autoscaler:
                             steps_target=flow.stop.max_steps)
 
     def _rows_by_worker(self, now: float) -> dict[str, int]:
-        """Trajectory rows each worker appended in the window (every policy's table)."""
-        from astraflow.stores import _lance
-
-        since = datetime.fromtimestamp(now - self.window_s, UTC)
-        traj, out = self.ctx.trajectories(), defaultdict(int)
-        for p in self.ctx.flow.policy_names():
-            t = _lance.latest_dataset(traj.table(p)).to_table(columns=["worker", "created_at"])
-            for w, c in zip(t.column("worker").to_pylist(), t.column("created_at").to_pylist(),
-                            strict=True):
-                if c is not None and c.astimezone(UTC) >= since:
-                    out[w] += 1
+        """Rows each worker appended in the window: the `worker_rows` metrics rows a rollout
+        worker logs with every batch (their policy column names the worker), so one
+        filtered read of the metrics table instead of a scan of every trajectory table's
+        worker column each tick."""
+        out: dict[str, int] = defaultdict(int)
+        for r in self.ctx.ledger().read_metrics(since=now - self.window_s,
+                                                names=["worker_rows"]).to_pylist():
+            if r["component"] == "rollout":
+                out[r["policy"]] += int(r["value"])
         return out
 
     def observe(self) -> Observation:
