@@ -533,3 +533,11 @@ def test_stop_cancels_what_the_launch_started(s3_env, recorder):
     rec = recorder()
     r = CliRunner().invoke(app, ["stop", f"s3://{s3_env}/runs/never-launched"])
     assert r.exit_code == 0 and "cancelling 0 SkyPilot" in r.output and rec.calls == []
+    # Jobs to cancel but no SkyPilot to cancel them with: exit 2 and why, not a quiet 0.
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _NO_SKY, "stop", store], capture_output=True,
+                       text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "this run has SkyPilot jobs to cancel but sky is not installed" in r.stderr
