@@ -206,18 +206,25 @@ def launch(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before launching")] = False,
     set_: Annotated[list[str], typer.Option("--set", help="override a field: "
                                                           "store.uri=s3://b/runs/x")] = [],  # noqa: B006
+    prices: Annotated[Path | None, typer.Option(help="price CSV for the estimate (default: "
+                                                     "SkyPilot's catalog)")] = None,
 ) -> None:
     """Run a flow on the cloud: publish it to its bucket, then one SkyPilot managed job per
     policy's trainer and the rollout pools (SkyPilot spot jobs, Modal calls)."""
     import astraflow.launch as cloud_launch
     from astraflow.flow import FlowError, load_flow
+    from astraflow.policies.prices import load_prices
 
     try:
         spec = load_flow(flow, _parse_sets(set_))
         the_plan = cloud_launch.plan(spec)
     except (FlowError, cloud_launch.LaunchError) as err:
         _fail(str(err))
-    typer.echo(the_plan.describe())
+    try:
+        catalog, why = load_prices(prices, cpu=True), ""
+    except (FileNotFoundError, ValueError) as err:
+        catalog, why = None, str(err)
+    typer.echo(the_plan.describe(catalog, no_prices=why))
     if not dry_run and not yes:
         typer.confirm("Launch these (cloud resources cost money)?", abort=True)
     try:
@@ -225,13 +232,35 @@ def launch(
     except ModuleNotFoundError as err:
         if err.name not in ("sky", "modal"):
             raise
-        if dry_run:
-            typer.secho(f"{err.name} is not installed: the task files were not checked "
-                        f"(pip install -e '.[launch]')", fg=typer.colors.YELLOW, err=True)
-            return
+        if dry_run:  # a dry run that checked nothing must not pass for one that did
+            _fail(f"dry run incomplete: {'SkyPilot' if err.name == 'sky' else err.name} is not "
+                  f"installed, so the SkyPilot tasks above were not built or validated. "
+                  f"Install it (pip install -e '.[launch]') and run the dry run again")
         _fail(f"launching needs SkyPilot and Modal: pip install -e '.[launch]' ({err})")
     except ValueError as err:  # FlowError, LaunchError, and SkyPilot's own task errors
         _fail(str(err))
+
+
+@app.command()
+def stop(
+    store: Annotated[str, typer.Argument(help="the s3:// store URI of a run started by "
+                                              "`astraflow launch`")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would be cancelled; "
+                                                            "cancel nothing")] = False,
+) -> None:
+    """Tear down a cloud run: cancel its SkyPilot managed jobs and its Modal calls (the
+    store, its checkpoints and the deployed Modal app stay; launch again to resume)."""
+    import astraflow.launch as cloud_launch
+
+    try:
+        cloud_launch.stop(store, dry_run=dry_run, echo=typer.echo)
+    except ModuleNotFoundError as err:
+        if err.name not in ("sky", "modal"):
+            raise
+        _fail(f"this run has {'SkyPilot jobs' if err.name == 'sky' else 'Modal calls'} to "
+              f"cancel but {err.name} is not installed: pip install -e '.[launch]' ({err})")
+    except (OSError, ValueError) as err:
+        _fail(f"could not stop {store}: {err}")
 
 
 @app.command()

@@ -48,8 +48,8 @@ class _Placement(Spec):
 
     @field_validator("accelerators", check_fields=False)
     @classmethod
-    def _accelerator_names(cls, v: list[str]) -> list[str]:
-        return _check_accelerators(v)
+    def _accelerator_names(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else _check_accelerators(v)
 
     @field_validator("infra", check_fields=False)
     @classmethod
@@ -57,12 +57,38 @@ class _Placement(Spec):
         return _check_infra(v)
 
 
-class TrainerLaunchSpec(_Placement):
-    """Each policy's trainer runs as one SkyPilot managed job (`sky/train.sky.yaml`)."""
+#: The GPUs a trainer asks for when the flow wants one (`trainer.device: cuda`) and the
+#: launch section names none: any one of these per node; SkyPilot picks the cheapest.
+DEFAULT_TRAINER_GPUS = ("H100:1", "A100-80GB:1", "A100:1", "L40S:1")
+#: The CPU VM of a trainer that trains on CPU (SkyPilot `cpus`), unless `cpus` or
+#: `instance_type` say otherwise; the task file carries the same default.
+DEFAULT_TRAINER_CPUS = "8+"
 
-    accelerators: list[str] = Field(
-        default_factory=lambda: ["H100:1", "A100-80GB:1", "A100:1", "L40S:1"], min_length=1)
-    """Any one of these will do (SkyPilot `any_of`); SkyPilot picks the cheapest it can get."""
+
+class TrainerLaunchSpec(_Placement):
+    """Each policy's trainer runs as one SkyPilot managed job (`sky/train.sky.yaml`) of
+    `nodes` VMs; more than one process (several nodes, or several GPUs per node) runs
+    it under `torchrun` with SkyPilot's rendezvous.
+
+    GPUs are rented only when asked for: name `accelerators`, or set `trainer.device:
+    cuda` in the flow (then the default GPU list applies). Otherwise the trainer gets a
+    CPU VM (`cpus`, default 8+), the cheap and honest choice for a trainer that trains
+    on CPU; a trainer whose `trainer.device` is `cpu` is refused GPUs outright."""
+
+    accelerators: list[str] | None = None
+    """GPUs per node, any one of these (SkyPilot `any_of`), `NAME:COUNT`: `H100:8` is one
+    node of 8 GPUs and 8 trainer ranks on it. None (default): follow `trainer.device`
+    (`cuda`: H100:1 / A100-80GB:1 / A100:1 / L40S:1; otherwise a CPU VM). `[]`: a CPU VM."""
+    nodes: int = Field(1, ge=1, le=256)
+    """VMs of the trainer job (SkyPilot `num_nodes`); ranks = nodes x GPUs per node (one
+    per node on CPU). Each node runs `torchrun --nnodes N --node-rank R ...`."""
+    cpus: str | None = Field(None, pattern=r"^\d+(\.\d+)?\+?$")
+    """vCPUs per node, SkyPilot form (`8`, `8+`). Default: 8+ for a CPU trainer, whatever
+    the GPU instance has otherwise."""
+    memory: str | None = Field(None, pattern=r"^\d+(\.\d+)?[+x]?$")
+    """GiB of memory per node, SkyPilot form (`32+`); default: SkyPilot's."""
+    instance_type: str | None = Field(None, min_length=1)
+    """An exact instance type (`m6i.4xlarge`, `p5.48xlarge`) instead of `cpus`/`memory`."""
     infra: list[str] = []
     """Where the trainer may run, `cloud[/region]` entries (each is tried with every
     accelerator); empty: any cloud and region SkyPilot has access to."""
@@ -71,7 +97,6 @@ class TrainerLaunchSpec(_Placement):
     first) and resumes from its newest checkpoint in the bucket."""
     max_restarts_on_errors: int = Field(3, ge=0)
     """Relaunches after the trainer itself fails (preemptions are always recovered)."""
-
 
 class RolloutPoolSpec(_Placement):
     """A group of rollout workers that run on one backend for a bounded time."""

@@ -18,18 +18,27 @@ Credentials never enter a plan: the task files declare them as SkyPilot secrets
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets as _secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from astraflow.cloud import RolloutPoolSpec
+from astraflow.cloud import (
+    DEFAULT_TRAINER_CPUS,
+    DEFAULT_TRAINER_GPUS,
+    RolloutPoolSpec,
+    TrainerLaunchSpec,
+)
 from astraflow.flow import FlowSpec
+
+if TYPE_CHECKING:
+    from astraflow.policies.prices import Catalog
 
 #: The SkyPilot task files (a checkout's `sky/`; `workdir` uploads that checkout).
 REPO = Path(__file__).resolve().parents[1]
@@ -76,12 +85,38 @@ class SkyJob:
     command: str
     """The astraflow command each job runs (for display; the task file's `run:` runs it)."""
     pool: str | None = None
+    num_nodes: int = 1
+    """VMs of one job (SkyPilot `num_nodes`): a multi-node trainer."""
+    node_resources: tuple[tuple[str, str], ...] = ()
+    """SkyPilot resources set on every node besides `any_of` (`cpus`, `memory`,
+    `instance_type`); a job with GPUs drops the task file's CPU default."""
+
+    @property
+    def gpus(self) -> bool:
+        return any(e.get("accelerators") for e in self.any_of)
 
     def resources(self) -> str:
         spot = "spot" if self.use_spot else "on-demand"
+        node = ", ".join(f"{k} {v}" for k, v in self.node_resources)
+        if not self.gpus:
+            where = " | ".join(e["infra"] for e in self.any_of) or "any cloud"
+            return f"{spot}, CPU VM ({node or 'the task file default'}), {where}"
         alts = " | ".join(f"{e['infra']} {e['accelerators']}" if e.get("infra") else
                           e["accelerators"] for e in self.any_of)
-        return f"{spot}, any of: {alts}"
+        return f"{spot}, any of: {alts}" + (f"; {node}" if node else "")
+
+    def topology(self) -> str:
+        """How many trainer processes start and how (the task file's `run:` decides the
+        same from SkyPilot's environment)."""
+        counts = sorted({_gpu_count(e["accelerators"]) for e in self.any_of
+                         if e.get("accelerators")}) or [1]
+        per_node = "/".join(str(c) for c in counts)
+        ranks = "/".join(str(c * self.num_nodes) for c in counts)
+        how = ("astraflow train alone" if self.num_nodes == 1 and counts == [1] else
+               f"torchrun on each node, rendezvous at node 0 (--nnodes {self.num_nodes} "
+               f"--nproc-per-node {per_node})")
+        unit = "GPU(s)" if self.gpus else "process (CPU)"
+        return f"{self.num_nodes} node(s) x {per_node} {unit} = {ranks} rank(s): {how}"
 
 
 @dataclass(frozen=True)
@@ -121,7 +156,16 @@ class LaunchPlan:
         run, so changing pools between launches does not make it a different run."""
         return self.flow.model_copy(update={"launch": None})
 
-    def describe(self) -> str:
+    def describe(self, catalog: Catalog | None = None, *, no_prices: str = "") -> str:
+        """The plan as text; with a price `catalog`, an hourly estimate per job and in all
+        (astraflow.costs); without one, `no_prices` says why there is none."""
+        from astraflow.costs import price_plan
+
+        prices = price_plan(self, catalog) if catalog is not None else {}
+
+        def price(j: SkyJob) -> list[str]:
+            return [f"    price:     {prices[j.name].detail}"] if j.name in prices else []
+
         lines = [f"launch plan for flow {self.flow.name!r} (launch id {self.launch_id})",
                  f"  store:   {self.store}",
                  f"  publish: {self.store}/flow.resolved.yaml"]
@@ -129,6 +173,7 @@ class LaunchPlan:
                      f"{_rel(TRAIN_TASK)}")
         for j in self.trainers:
             lines += [f"  {j.name}", f"    resources: {j.resources()}",
+                      f"    nodes:     {j.topology()}", *price(j),
                       f"    recovery:  {_recovery(j.job_recovery)}",
                       f"    run:       {j.command}", f"    envs:      {_envs(j.envs)}",
                       f"    secrets:   {', '.join(j.secrets)} (from your environment)"]
@@ -138,7 +183,7 @@ class LaunchPlan:
         for j in self.pools:
             lines += [f"  pool {j.pool} (sky): {j.num_jobs} managed job(s) {j.name}, "
                       f"{_rel(j.task_file)}",
-                      f"    resources: {j.resources()}",
+                      f"    resources: {j.resources()}", *price(j),
                       f"    recovery:  {_recovery(j.job_recovery)}",
                       f"    run:       {j.command}", f"    envs:      {_envs(j.envs)}",
                       f"    secrets:   {', '.join(j.secrets)} (from your environment)"]
@@ -150,6 +195,16 @@ class LaunchPlan:
             lines.append(f"  pool {pool} (modal): {len(calls)} call(s) of app {calls[0].app!r}, "
                          f"gpu: {gpu}; credentials: the app's Modal Secret")
             lines += [f"    {c.describe()}" for c in calls]
+        if catalog is not None:
+            known = [p.per_hour for p in prices.values() if p.per_hour is not None]
+            left = [n for n, p in prices.items() if p.per_hour is None]
+            extra = [f"{len(left)} job(s) with no catalog price"] if left else []
+            extra += ["Modal calls (billed by Modal)"] if self.modal else []
+            lines.append(f"estimated: ~${sum(known):.2f}/h while everything runs, from "
+                         f"{catalog.source}" + (f"; not included: {', '.join(extra)}"
+                                                if extra else ""))
+        elif no_prices:
+            lines.append(f"estimated: no price estimate ({no_prices})")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -212,17 +267,26 @@ def plan(flow: FlowSpec, *, launch_id: str | None = None,
     notes: list[str] = []
 
     train_defaults = _task_resources(TRAIN_TASK)
+    t = spec.trainer
+    accelerators, node_resources = trainer_resources(flow)
     trainers = []
     for pol in flow.policy_names():
-        t = spec.trainer
         trainers.append(SkyJob(
             role="trainer", name=_job_name(flow.name, "train", pol), task_file=TRAIN_TASK,
             num_jobs=1, envs={"ASTRAFLOW_STORE": store, "POLICY": pol, **passthrough},
-            secrets=secret_names, any_of=_any_of(t.accelerators, t.infra, train_defaults),
+            secrets=secret_names,
+            any_of=tuple({"infra": i, "accelerators": a} if i else {"accelerators": a}
+                         for i in (t.infra or [None]) for a in accelerators)
+            if accelerators else tuple({"infra": i} for i in t.infra),
             use_spot=t.spot,
             job_recovery={**train_defaults.get("job_recovery", {}),
                           "max_restarts_on_errors": t.max_restarts_on_errors},
-            command=f"astraflow train {store} --policy {pol}"))
+            command=f"astraflow train {store} --policy {pol}",
+            num_nodes=t.nodes, node_resources=tuple(node_resources.items())))
+    device = trainer_device(flow)
+    if not accelerators:
+        notes.append(f"the trainer runs on a CPU VM (trainer.device: {device}); GPUs are rented "
+                     f"only when asked for: trainer.device: cuda, or launch.trainer.accelerators")
 
     rollout_defaults = _task_resources(ROLLOUT_TASK)
     pools: list[SkyJob] = []
@@ -246,6 +310,48 @@ def plan(flow: FlowSpec, *, launch_id: str | None = None,
                      "preemption; steps since that checkpoint are redone")
     return LaunchPlan(flow=flow, store=store, launch_id=launch_id, trainers=tuple(trainers),
                       pools=tuple(pools), modal=tuple(modal), notes=tuple(notes))
+
+
+def trainer_device(flow: FlowSpec) -> str:
+    """The device the flow's trainer trains on: its `trainer.device` (auto, cpu, cuda), or
+    `cpu` where the trainer has no such field (a trainer that always trains on CPU)."""
+    return str(getattr(flow.trainer, "device", "cpu"))
+
+
+def trainer_resources(flow: FlowSpec) -> tuple[list[str], dict[str, str]]:
+    """The trainer's GPUs (any one of them per node; empty: a CPU VM) and its other
+    per-node resources, following what the trainer can use: GPUs only when the launch
+    section names them or `trainer.device` is `cuda`, and never for a `cpu` trainer,
+    which would leave them idle at GPU prices."""
+    t = flow.launch.trainer if flow.launch else TrainerLaunchSpec()
+    device = trainer_device(flow)
+    if t.accelerators is not None:
+        accelerators = list(t.accelerators)
+    else:
+        accelerators = list(DEFAULT_TRAINER_GPUS) if device == "cuda" else []
+    if accelerators and device == "cpu":
+        raise LaunchError(f"launch.trainer.accelerators asks for {', '.join(accelerators)} but "
+                          f"the trainer trains on CPU (trainer.device: cpu): the GPUs would sit "
+                          f"idle at GPU prices. Set trainer.device: cuda (or auto), or drop "
+                          f"launch.trainer.accelerators for a CPU VM")
+    if not accelerators and device == "cuda":
+        raise LaunchError("trainer.device is cuda but launch.trainer.accelerators is empty: name "
+                          "the GPUs (e.g. [H100:1]) or leave accelerators out for the default list")
+    node: dict[str, str] = {}
+    if t.instance_type:
+        node["instance_type"] = t.instance_type
+    if t.cpus:
+        node["cpus"] = t.cpus
+    elif not accelerators and not t.instance_type:
+        node["cpus"] = DEFAULT_TRAINER_CPUS
+    if t.memory:
+        node["memory"] = t.memory
+    return accelerators, node
+
+
+def _gpu_count(accelerator: str) -> int:
+    _, _, n = accelerator.partition(":")
+    return max(1, int(float(n))) if n else 1
 
 
 def _sky_pool(flow: FlowSpec, pool: RolloutPoolSpec, store: str, secret_names: tuple[str, ...],
@@ -274,9 +380,17 @@ def build_sky_task(job: SkyJob, *, secrets: Mapping[str, str] | None = None):
     config["name"] = job.name
     config["workdir"] = str(REPO)
     resources = dict(config.get("resources") or {})
-    resources.update(use_spot=job.use_spot, any_of=[dict(e) for e in job.any_of],
-                     job_recovery=dict(job.job_recovery))
+    if job.gpus:  # the file's CPU VM (cpus: 8+) is for CPU trainers; GPUs bring their host
+        resources.pop("cpus", None)
+    resources.update(job.node_resources)
+    resources.update(use_spot=job.use_spot, job_recovery=dict(job.job_recovery))
+    if job.any_of or "any_of" in resources:
+        resources["any_of"] = [dict(e) for e in job.any_of]
+    if not resources.get("any_of"):
+        resources.pop("any_of", None)
     config["resources"] = resources
+    if job.num_nodes > 1 or "num_nodes" in config:
+        config["num_nodes"] = job.num_nodes
     values = [(k, secrets[k]) for k in job.secrets if secrets and secrets.get(k)]
     return sky.Task.from_yaml_config(config, env_overrides=list(job.envs.items()),
                                      secrets_overrides=values or None)
@@ -317,6 +431,7 @@ def launch(p: LaunchPlan, *, dry_run: bool = False, overwrite: bool = False,
 
     done = [Launched("publish", "flow.resolved.yaml",
                      (publish_flow(p.published_flow(), overwrite=overwrite),))]
+    record = _LaunchRecord(p)
     echo(f"published {done[0].ids[0]}")
     import sky
 
@@ -326,13 +441,115 @@ def launch(p: LaunchPlan, *, dry_run: bool = False, overwrite: bool = False,
         job_ids, _handle = sky.stream_and_get(request)
         ids = tuple(str(i) for i in (job_ids or []))
         done.append(Launched("trainer" if job.role == "trainer" else "sky-pool", job.name, ids))
+        record.add(sky_job=job.name)
         echo(f"launched {job.name}: managed job(s) {', '.join(ids) or '?'}")
     for call in p.modal:
         cls = modal_cls.with_options(gpu=call.gpu) if call.gpu else modal_cls
         fc = cls().run.spawn(**call.kwargs)
         done.append(Launched("modal", call.kwargs["worker_id"], (fc.object_id,)))
+        record.add(modal_call=fc.object_id)
         echo(f"spawned {call.kwargs['worker_id']} on Modal: {fc.object_id}")
     return done
+
+
+#: What each launch started, one file per launch id (launches never rewrite each
+#: other's): `astraflow stop` cancels from these, and from the autoscaler's Modal
+#: state (its SkyPilot workers live only in the job queue: it retires them itself).
+LAUNCH_RECORDS = "_launch"
+SCALE_MODAL = "_scale/modal.json"
+
+
+class _LaunchRecord:
+    """`<store>/_launch/<launch id>.json`, rewritten after every start, so a launch that
+    fails halfway still leaves the names of what it did start."""
+
+    def __init__(self, p: LaunchPlan):
+        from astraflow.stores.objects import ObjectStore
+
+        self.objects = ObjectStore(p.store, retry_budget_s=p.flow.store.retry_budget_s)
+        self.rel = f"{LAUNCH_RECORDS}/{p.launch_id}.json"
+        self.data: dict[str, Any] = {"launch_id": p.launch_id, "flow": p.flow.name,
+                                     "sky_jobs": [], "modal_calls": []}
+
+    def add(self, *, sky_job: str | None = None, modal_call: str | None = None) -> None:
+        if sky_job:
+            self.data["sky_jobs"].append(sky_job)
+        if modal_call:
+            self.data["modal_calls"].append(modal_call)
+        self.objects.put_bytes(self.rel, json.dumps(self.data, indent=1).encode())
+
+
+@dataclass(frozen=True)
+class Started:
+    """The cloud jobs and calls a run's store says were started for it."""
+
+    sky_jobs: tuple[str, ...]
+    """Managed job names `launch` used."""
+    modal_calls: tuple[str, ...]
+    """Modal function call ids (by `launch` and by the autoscaler's modal backend)."""
+
+
+def started(store: str) -> Started:
+    """Every SkyPilot job name and Modal call id recorded in `store` (reads only)."""
+    from astraflow.stores.objects import ObjectStore
+
+    objects = ObjectStore(store)
+    sky_jobs: list[str] = []
+    calls: list[str] = []
+    for rel in objects.walk(LAUNCH_RECORDS):
+        if rel.endswith(".json"):
+            data = json.loads(objects.get_bytes(f"{LAUNCH_RECORDS}/{rel}"))
+            sky_jobs += data.get("sky_jobs", [])
+            calls += data.get("modal_calls", [])
+    try:
+        calls += [e["call"] for e in json.loads(objects.get_bytes(SCALE_MODAL)).values()
+                  if e.get("call")]
+    except FileNotFoundError:
+        pass
+    return Started(tuple(dict.fromkeys(sky_jobs)), tuple(dict.fromkeys(calls)))
+
+
+def stop(store: str, *, dry_run: bool = False,
+         echo: Callable[[str], None] = print) -> Started:
+    """Cancel what runs for the run at `store`: its SkyPilot managed jobs that have not
+    finished (by the names the launcher and the autoscaler used; `sky jobs cancel -n`)
+    and its Modal calls (by call id: the deployed app is shared by every run, so it
+    stays up and other runs' workers keep going). Returns what was (or, with
+    `dry_run`, would be) cancelled. The store itself is left as it is: the run can be
+    launched again and resumes from its checkpoints."""
+    rec = started(store)
+    live = _active_job_names() if rec.sky_jobs else set()
+    todo = Started(tuple(n for n in rec.sky_jobs if n in live), rec.modal_calls)
+    finished = len(rec.sky_jobs) - len(todo.sky_jobs)
+    verb = "would cancel" if dry_run else "cancelling"
+    echo(f"{verb} {len(todo.sky_jobs)} SkyPilot managed job(s) of {store}"
+         + (f" ({finished} recorded one(s) already finished)" if finished else "")
+         + (f": {', '.join(todo.sky_jobs)}" if todo.sky_jobs else ""))
+    echo(f"{verb} {len(todo.modal_calls)} Modal call(s)"
+         + (f": {', '.join(todo.modal_calls)}" if todo.modal_calls else ""))
+    if dry_run:
+        return todo
+    for name in todo.sky_jobs:
+        _cancel_sky_job(name)
+        echo(f"cancelled managed job {name}")
+    for call in todo.modal_calls:
+        _cancel_modal_call(call)
+    if todo.modal_calls:
+        echo(f"cancelled {len(todo.modal_calls)} Modal call(s)")
+    return todo
+
+
+def _cancel_sky_job(name: str) -> None:
+    import sky
+
+    sky.get(sky.jobs.cancel(name=name))
+
+
+def _cancel_modal_call(call_id: str) -> None:
+    """Cancel one call; one that already ended is fine (nothing to stop)."""
+    import modal
+
+    modal.FunctionCall.from_id(call_id).cancel()
 
 
 def _modal_class(p: LaunchPlan):

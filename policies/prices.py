@@ -38,6 +38,8 @@ class PriceRow:
     ondemand: float | None  # $/h
     spot: float | None  # $/h
     basis: str = "instance"  # instance | accelerator_only | ...
+    vcpus: float | None = None  # SkyPilot's form only
+    memory_gib: float | None = None
 
 
 def _num(s: str | None) -> float | None:
@@ -50,10 +52,12 @@ def _count(s: str | None) -> int:
     return int(float(s)) if s else 0
 
 
-def read_csv(path: str | Path, cloud: str | None = None) -> list[PriceRow]:
+def read_csv(path: str | Path, cloud: str | None = None, *,
+             cpu: bool = False) -> list[PriceRow]:
     """Rows of a price CSV in our form or SkyPilot's `vms.csv` form (then `cloud` names
     the cloud, default: the name of the file's folder). Rows without an accelerator
-    (CPU VMs, GCP host VMs in SkyPilot's form) are skipped."""
+    (CPU VMs, GCP host VMs in SkyPilot's form) are skipped unless `cpu` (SkyPilot's form:
+    then they come with accelerator "" and count 0, for pricing CPU machines)."""
     path = Path(path)
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
@@ -71,13 +75,15 @@ def read_csv(path: str | Path, cloud: str | None = None) -> list[PriceRow]:
         elif {"AcceleratorName", "Price", "SpotPrice", "Region"} <= cols:
             cl = cloud or path.parent.name
             for r in reader:
-                if not r.get("AcceleratorName"):
-                    continue
+                name = r.get("AcceleratorName") or ""
                 itype = r.get("InstanceType", "")
+                if not name and not (cpu and itype):
+                    continue
                 rows.append(PriceRow(cl, r["Region"], r.get("AvailabilityZone", ""), itype,
-                                     r["AcceleratorName"], _count(r.get("AcceleratorCount")) or 1,
+                                     name, (_count(r.get("AcceleratorCount")) or 1) if name else 0,
                                      _num(r["Price"]), _num(r["SpotPrice"]),
-                                     "instance" if itype else "accelerator_only"))
+                                     "instance" if itype else "accelerator_only",
+                                     _num(r.get("vCPUs")), _num(r.get("MemoryGiB"))))
         else:
             raise ValueError(f"{path}: not a price CSV (want columns cloud, region, accelerator, "
                              f"price_ondemand_hr, price_spot_hr, or SkyPilot's vms.csv columns); "
@@ -126,11 +132,12 @@ def sky_catalog_dir() -> Path:
     return Path(os.environ.get("ASTRAFLOW_SKY_CATALOG", SKY_CATALOG)).expanduser()
 
 
-def load_prices(path: str | Path | None = None) -> Catalog:
+def load_prices(path: str | Path | None = None, *, cpu: bool = False) -> Catalog:
     """Prices from `path` (a CSV), else from SkyPilot's fetched catalog
-    (`~/.sky/catalogs/v8/*/vms.csv`, or `$ASTRAFLOW_SKY_CATALOG`)."""
+    (`~/.sky/catalogs/v8/*/vms.csv`, or `$ASTRAFLOW_SKY_CATALOG`); `cpu`: CPU machines
+    too (read_csv)."""
     if path is not None:
-        return Catalog(read_csv(path), str(path))
+        return Catalog(read_csv(path, cpu=cpu), str(path))
     root = sky_catalog_dir()
     files = [root / c / "vms.csv" for c in SKY_CLOUDS if (root / c / "vms.csv").exists()]
     if not files:
@@ -140,5 +147,5 @@ def load_prices(path: str | Path | None = None) -> Catalog:
             f"accelerator, accelerator_count, price_ondemand_hr, price_spot_hr)")
     rows: list[PriceRow] = []
     for f in files:
-        rows += read_csv(f, cloud=f.parent.name)
+        rows += read_csv(f, cloud=f.parent.name, cpu=cpu)
     return Catalog(rows, str(root))

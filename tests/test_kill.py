@@ -59,29 +59,49 @@ def wait_until(cond, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def start_run(tmp_path: Path, flow_dict: dict) -> tuple[subprocess.Popen, Path]:
+def start_run(tmp_path: Path, flow_dict: dict,
+              env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
     """`astraflow run` of `flow_dict` in its own session; returns the launcher and run dir."""
     flow = tmp_path / f"{flow_dict['name']}.yaml"
     flow.write_text(yaml.safe_dump(flow_dict))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "astraflow.cli", "run", str(flow), "--runs", str(tmp_path / "runs")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, **(env or {})})
     return launcher, tmp_path / "runs" / flow_dict["name"]
+
+
+def paused_trainer(gate: Path, policy: str, step: int, timeout: float) -> int:
+    """The pid of the trainer that stopped after `step` at the test hook (astraflow.testing)."""
+    marker = gate / f"paused-{policy}-{step}"
+    wait_until(marker.exists, timeout, f"the trainer to pause after step {step}")
+    return int(marker.read_text())
+
+
+#: Trainer kills land where the test hook holds the trainer: after these steps, each
+#: mid-interval (checkpoints follow steps 3, 7, 11, ...: every 4th), so each loses steps
+#: the successor must roll back and train again -- exactly one rollback per kill.
+TRAINER_KILLS = (6, 25, 45)
 
 
 @pytest.mark.slow
 def test_sigkill_trainer_and_workers_mid_run(tmp_path):
-    launcher, run = start_run(tmp_path, KILL_FLOW)
+    assert all((s + 1) % KILL_FLOW["trainer"]["checkpoint_every"] for s in TRAINER_KILLS)
+    gate = tmp_path / "gate"
+    launcher, run = start_run(tmp_path, KILL_FLOW, {
+        "ASTRAFLOW_TEST_PAUSE_AT_STEP": ",".join(map(str, TRAINER_KILLS)),
+        "ASTRAFLOW_TEST_GATE": str(gate)})
     killed: list[str] = []
     try:
         for victim, at_step in [("trainer-solver", 6), ("rollout-0", 15), ("trainer-solver", 25),
                                 ("rollout-1", 35), ("trainer-solver", 45)]:
-            # Trainer kills land mid-interval (checkpoints follow every 4th step), so
-            # they lose steps the successor must roll back and train again.
-            wait_until(lambda s=at_step, v=victim: progress_step(run) >= s and (
-                v != "trainer-solver" or progress_step(run) % 4 in (0, 1)), 240, f"step {at_step}")
-            pid = pid_of(run, victim)
-            assert pid is not None, f"{victim} has no live pid"
+            if victim == "trainer-solver":  # held at the hook: killed at exactly this step
+                pid = paused_trainer(gate, "solver", at_step, 240)
+                assert pid == pid_of(run, victim) and progress_step(run) == at_step
+            else:
+                wait_until(lambda s=at_step: progress_step(run) >= s, 240, f"step {at_step}")
+                pid = pid_of(run, victim)
+                assert pid is not None, f"{victim} has no live pid"
             os.kill(pid, signal.SIGKILL)
             killed.append(victim)
             wait_until(lambda v=victim, p=pid: pid_of(run, v) not in (None, p), 60,
@@ -98,9 +118,32 @@ def test_sigkill_trainer_and_workers_mid_run(tmp_path):
     assert audit.returncode == 0, audit.stdout + audit.stderr
     counts = json.loads(audit.stdout)["solver"]
     assert counts["steps"] == 70 and counts["duplicate_rows"] == 0 and counts["violations"] == 0
-    assert counts["rollbacks"] == 3 and counts["voided_steps"] >= 3
+    # Each kill voided the steps since the newest checkpoint: 6-4+1, 25-24+1, 45-44+1.
+    assert counts["rollbacks"] == 3 and counts["voided_steps"] == 3 + 2 + 2
     assert counts["rows_up_to_final_cursor"] == (counts["rows_trained"] + counts["rows_dropped_stale"]
                                                  + counts["rows_dropped_filtered"])
+
+
+def test_pause_hook_is_inert_and_pauses_once(tmp_path, monkeypatch):
+    """The hook does nothing without its variables; with them it holds a step once."""
+    import threading
+
+    from astraflow import testing
+
+    monkeypatch.delenv(testing.PAUSE_ENV, raising=False)
+    testing.pause_at("solver", 6)  # returns at once
+    monkeypatch.setenv(testing.PAUSE_ENV, "6")
+    monkeypatch.setenv(testing.GATE_ENV, str(tmp_path))
+    testing.pause_at("solver", 5)  # not a named step
+    assert not list(tmp_path.iterdir())
+    t = threading.Thread(target=testing.pause_at, args=("solver", 6))
+    t.start()
+    wait_until((tmp_path / "paused-solver-6").exists, 30, "the pause")
+    assert int((tmp_path / "paused-solver-6").read_text()) == os.getpid() and t.is_alive()
+    (tmp_path / "release-solver-6").touch()
+    t.join(10)
+    assert not t.is_alive()
+    testing.pause_at("solver", 6)  # the redone step after a restart: no second pause
 
 
 @pytest.mark.slow

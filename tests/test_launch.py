@@ -9,6 +9,7 @@ to the moto S3 server and checks what SkyPilot and Modal would have been asked.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,9 @@ def test_plan_of_the_example():
     assert t.envs == {"ASTRAFLOW_STORE": store, "POLICY": "solver"}
     assert t.command == f"astraflow train {store} --policy solver"
     assert t.use_spot and t.job_recovery["strategy"] == "EAGER_NEXT_REGION"
-    assert [e["accelerators"] for e in t.any_of] == ["H100:1", "A100-80GB:1", "A100:1", "L40S:1"]
+    # The tiny policy trains on CPU: a CPU VM, no GPU rented.
+    assert t.any_of == () and not t.gpus and dict(t.node_resources) == {"cpus": "8+"}
+    assert t.num_nodes == 1
     # The sky pool: 4 managed jobs, every region × accelerator as an any_of placement.
     [pool] = p.pools
     assert pool.name == "math-cloud-east-west" and pool.num_jobs == 4 and pool.use_spot
@@ -79,8 +82,21 @@ def test_plan_of_the_example():
     assert p.published_flow().launch is None and p.flow.launch is not None
 
 
-def test_plan_of_two_policies():
-    p = plan(parse_flow(_two_policy_data()), launch_id="x", environ={})
+def _with_device(data: dict, device: str, monkeypatch) -> dict:
+    """`trainer.device: DEVICE` in the flow where the trainer has that field (the
+    distributed trainer's); before it, the one seam plan() reads it through."""
+    from astraflow.flow import TrainerSpec
+
+    if "device" in TrainerSpec.model_fields:
+        data.setdefault("trainer", {})["device"] = device
+    else:
+        monkeypatch.setattr("astraflow.launch.trainer_device", lambda flow: device)
+    return data
+
+
+def test_plan_of_two_policies(monkeypatch):
+    data = _with_device(_two_policy_data(), "cuda", monkeypatch)
+    p = plan(parse_flow(data), launch_id="x", environ={})
     assert [(t.name, t.envs["POLICY"]) for t in p.trainers] == [
         ("math-solver-verifier-train-solver", "solver"),
         ("math-solver-verifier-train-verifier", "verifier")]
@@ -209,7 +225,24 @@ class _Recorder:
         return "queue-request"
 
     def get(self, request):
+        if request == "cancel-request":
+            return None
         return [{"job_name": n, "status": "RUNNING"} for n in self.running], 0, {}, 0
+
+    # sky.jobs.cancel(name=) / modal.FunctionCall.from_id(id).cancel(): what `stop` asks
+    def jobs_cancel(self, name=None, job_ids=None, all=False, **_):  # noqa: A002
+        assert not job_ids and not all, "stop cancels by name only"
+        self.calls.append(("sky.jobs.cancel", name))
+        return "cancel-request"
+
+    def function_call(self, call_id):
+        rec = self
+
+        class _FunctionCall:
+            def cancel(self, terminate_containers=False):
+                rec.calls.append(("modal.cancel", call_id))
+
+        return _FunctionCall()
 
     # modal.Cls.from_name(app, cls).hydrate() / .with_options(gpu=) / ()  .run.spawn(**kw)
     def from_name(self, app_name, cls_name, **_):
@@ -260,6 +293,8 @@ def recorder(monkeypatch):
         monkeypatch.setattr(sky, "stream_and_get", rec.stream_and_get)
         monkeypatch.setattr(sky, "get", rec.get)
         monkeypatch.setattr(modal.Cls, "from_name", rec.from_name)
+        monkeypatch.setattr(sky.jobs, "cancel", rec.jobs_cancel)
+        monkeypatch.setattr(modal.FunctionCall, "from_id", rec.function_call)
         return rec
 
     return install
@@ -344,3 +379,165 @@ def test_launch_refuses_before_starting_anything(s3_env, recorder, monkeypatch, 
 
     with pytest.raises(FlowError):  # nothing was published
         RunContext.open(p.store, runs_root=tmp_path)
+
+
+FIX = REPO / "tests" / "fixtures"
+
+
+def test_trainer_resources_follow_what_the_trainer_can_use(monkeypatch):
+    """GPUs only when asked for (launch.trainer.accelerators, or trainer.device: cuda);
+    never for a CPU trainer; a CPU VM otherwise."""
+    from astraflow.launch import trainer_resources
+
+    def trainer(device: str, **launch_trainer) -> tuple[list[str], dict[str, str]]:
+        data = _cloud_data()
+        data["launch"]["trainer"] = launch_trainer
+        with monkeypatch.context() as m:
+            return trainer_resources(parse_flow(_with_device(data, device, m)))
+
+    assert trainer("cpu") == ([], {"cpus": "8+"})
+    assert trainer("auto") == ([], {"cpus": "8+"})  # auto on a CPU VM trains on CPU
+    assert trainer("cuda")[0] == ["H100:1", "A100-80GB:1", "A100:1", "L40S:1"]
+    assert trainer("cuda")[1] == {}  # the GPU instance's own CPUs
+    assert trainer("auto", accelerators=["L4:1"]) == (["L4:1"], {})
+    assert trainer("cpu", accelerators=[], cpus="16+", memory="64+") == (
+        [], {"cpus": "16+", "memory": "64+"})
+    assert trainer("cpu", instance_type="m6i.2xlarge") == ([], {"instance_type": "m6i.2xlarge"})
+    with pytest.raises(LaunchError, match=r"GPUs would sit idle at GPU prices"):
+        trainer("cpu", accelerators=["H100:1"])
+    with pytest.raises(LaunchError, match="trainer.device is cuda but"):
+        trainer("cuda", accelerators=[])
+    # The shipped example rents no GPU for its CPU trainer.
+    assert trainer_resources(load_flow(CLOUD)) == ([], {"cpus": "8+"})
+
+
+def test_multi_node_trainer_plan_task_and_dry_run(monkeypatch):
+    pytest.importorskip("sky")
+    for k, v in KEYS.items():
+        monkeypatch.setenv(k, v)
+    data = _with_device(_cloud_data(), "cuda", monkeypatch)
+    data["launch"]["trainer"] = {"accelerators": ["H100:8", "A100-80GB:8"], "nodes": 2,
+                                 "infra": ["aws", "gcp"]}
+    [t] = plan(parse_flow(data), environ={}).trainers
+    assert t.num_nodes == 2 and t.gpus and t.node_resources == ()
+    assert t.topology().startswith("2 node(s) x 8 GPU(s) = 16 rank(s): torchrun on each node")
+    task = build_sky_task(t)
+    assert task.num_nodes == 2
+    assert {(str(r.cloud), str(r.accelerators)) for r in task.resources} == {
+        (c, f"{{'{a}': 8}}") for c in ("AWS", "GCP") for a in ("H100", "A100-80GB")}
+    assert all(r.cpus is None and r.use_spot for r in task.resources)  # no CPU-VM default
+    # A CPU trainer on 3 nodes: the file's CPU VM, one process per node.
+    data = _with_device(data, "cpu", monkeypatch)
+    data["launch"]["trainer"] = {"accelerators": [], "nodes": 3, "cpus": "16+"}
+    [t] = plan(parse_flow(data), environ={}).trainers
+    task = build_sky_task(t)
+    assert task.num_nodes == 3 and [r.cpus for r in task.resources] == ["16+"]
+    assert not any(r.accelerators for r in task.resources)
+    assert t.topology().startswith("3 node(s) x 1 process (CPU) = 3 rank(s): torchrun")
+    # The dry run shows nodes and GPUs and builds the 2-node task.
+    data = _with_device(data, "cuda", monkeypatch)
+    data["launch"]["trainer"] = {"accelerators": ["H100:8"], "nodes": 2}
+    monkeypatch.setattr("astraflow.cli._parse_sets", lambda sets: {})
+    monkeypatch.setattr("astraflow.flow.load_flow", lambda path, overrides=None: parse_flow(data))
+    monkeypatch.setenv("ASTRAFLOW_SKY_CATALOG", str(FIX / "skycat_launch"))
+    r = CliRunner().invoke(app, ["launch", str(CLOUD), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "nodes:     2 node(s) x 8 GPU(s) = 16 rank(s)" in r.output, r.output
+    assert "resources: spot, any of: H100:8" in r.output
+    # 2 nodes of p5.48xlarge (8 x H100) at the fixture's spot price.
+    assert "price:     ~$62.92/h = 2 node(s) x $31.46/h (cheapest: aws us-east-1 " \
+           "p5.48xlarge H100:8, spot)" in r.output, r.output
+
+
+def test_dry_run_prices_from_a_fixture_catalog(monkeypatch):
+    """The plan prices each job from SkyPilot's catalog (a fixture in its vms.csv form):
+    the cheapest placement among its `any_of`, times its jobs; Modal is not in it."""
+    pytest.importorskip("sky")
+    for k, v in KEYS.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("ASTRAFLOW_SKY_CATALOG", str(FIX / "skycat_launch"))
+    r = CliRunner().invoke(app, ["launch", str(CLOUD), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    lines = [ln.strip() for ln in r.output.splitlines()]
+    # The CPU trainer: cheapest 8+ vCPU spot VM of any cloud (GCP n2-standard-8 here).
+    assert "price:     ~$0.09/h = $0.0943/h (cheapest: gcp us-central1 n2-standard-8, spot)" \
+        in lines, r.output
+    # The sky pool: 4 workers on the cheapest of L4/A10G in us-east-1/us-west-2.
+    assert "price:     ~$1.46/h = 4 job(s) x $0.3653/h (cheapest: aws us-east-1 g6.xlarge " \
+           "L4:1, spot)" in lines, r.output
+    [total] = [ln for ln in lines if ln.startswith("estimated:")]
+    assert total.startswith("estimated: ~$1.56/h while everything runs")
+    assert "not included: Modal calls (billed by Modal)" in total
+    # On-demand, and a CSV given by hand; no catalog at all: said so, still a dry run.
+    r = CliRunner().invoke(app, ["launch", str(CLOUD), "--dry-run", "--set",
+                                 "launch.trainer.spot=false", "--prices",
+                                 str(FIX / "skycat_launch" / "aws" / "vms.csv")])
+    assert "price:     ~$0.38/h = $0.384/h (cheapest: aws us-east-1 m6i.2xlarge, on-demand)" \
+        in r.output, r.output
+    monkeypatch.setenv("ASTRAFLOW_SKY_CATALOG", str(FIX / "missing"))
+    r = CliRunner().invoke(app, ["launch", str(CLOUD), "--dry-run"])
+    assert r.exit_code == 0 and "estimated: no price estimate (no SkyPilot price catalog" \
+        in r.output, r.output
+
+
+_NO_SKY = """
+import sys
+sys.modules["sky"] = None  # `import sky` fails as if SkyPilot were not installed
+from astraflow.cli import app
+app(sys.argv[1:], prog_name="astraflow")
+"""
+
+
+def test_dry_run_without_skypilot_exits_2():
+    """Nothing validated is not a pass: the plan is printed, then exit 2 and why."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _NO_SKY, "launch", str(CLOUD), "--dry-run"],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "launch plan for flow 'math-cloud'" in r.stdout
+    assert "dry run incomplete: SkyPilot is not installed" in r.stderr
+    assert "pip install -e '.[launch]'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_stop_cancels_what_the_launch_started(s3_env, recorder):
+    """`astraflow stop STORE` cancels the run's live managed jobs by the names the launch
+    used and its Modal calls by id (the launch's and the autoscaler's), nothing else."""
+    from astraflow.stores.objects import ObjectStore
+
+    data = _cloud_data()
+    data["store"] = {"uri": f"s3://{s3_env}/runs/math-cloud"}
+    store = data["store"]["uri"]
+    rec = recorder()
+    launch(plan(parse_flow(data), launch_id="s1"), echo=lambda s: None)
+    fc_ids = [f"fc-{i}" for i, c in enumerate(rec.calls, 1) if c[0] == "modal.spawn"]
+    assert len(fc_ids) == 2
+    # An autoscaler's Modal worker of the same run; another run's job is running too.
+    ObjectStore(store).put_bytes("_scale/modal.json", json.dumps(
+        {"serverless-x1": {"call": "fc-scaled", "pool": "serverless", "started": 0}}).encode())
+    # The trainer still runs, the sky pool's jobs have finished.
+    rec = recorder(running=("math-cloud-train-solver", "other-run-train-solver"))
+    r = CliRunner().invoke(app, ["stop", store, "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "would cancel 1 SkyPilot managed job(s) of " + store in r.output
+    assert "(1 recorded one(s) already finished): math-cloud-train-solver" in r.output
+    assert f"would cancel 3 Modal call(s): {', '.join(fc_ids)}, fc-scaled" in r.output
+    assert not [c for c in rec.calls if c[0] in ("sky.jobs.cancel", "modal.cancel")]
+    r = CliRunner().invoke(app, ["stop", store])
+    assert r.exit_code == 0, r.output
+    assert rec.calls == [("sky.jobs.cancel", "math-cloud-train-solver"),
+                         *[("modal.cancel", c) for c in (*fc_ids, "fc-scaled")]]
+    assert "cancelled managed job math-cloud-train-solver" in r.output
+    # A run nothing was launched for: nothing to cancel, no cloud call at all.
+    rec = recorder()
+    r = CliRunner().invoke(app, ["stop", f"s3://{s3_env}/runs/never-launched"])
+    assert r.exit_code == 0 and "cancelling 0 SkyPilot" in r.output and rec.calls == []
+    # Jobs to cancel but no SkyPilot to cancel them with: exit 2 and why, not a quiet 0.
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _NO_SKY, "stop", store], capture_output=True,
+                       text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "this run has SkyPilot jobs to cancel but sky is not installed" in r.stderr

@@ -57,10 +57,17 @@ def test_task_file_loads_with_skypilot(path):
     task = sky.Task.from_yaml_str(text)
     assert task.envs["ASTRAFLOW_STORE"] == STORE
     resources = list(task.resources)
-    assert len(resources) == len(_config(path)["resources"]["any_of"]) >= 3
+    if path.name == "train.sky.yaml":
+        # A CPU VM: GPUs are added (by `astraflow launch` or --gpus) only for a trainer
+        # that uses them; one node unless the launch says more.
+        assert task.num_nodes == 1 and len(resources) == 1
+        assert resources[0].cpus == "8+" and not resources[0].accelerators
+    else:
+        assert len(resources) == len(_config(path)["resources"]["any_of"]) >= 3
     for r in resources:
         assert r.use_spot
-        assert r.accelerators and all(n == 1 for n in r.accelerators.values())
+        assert path.name == "train.sky.yaml" or (
+            r.accelerators and all(n == 1 for n in r.accelerators.values()))
         assert r.job_recovery["strategy"] == "EAGER_NEXT_REGION"
         assert r.job_recovery["max_restarts_on_errors"] >= 1
     # Bucket keys are secrets without a value in the file: --secret must supply them.
@@ -76,7 +83,8 @@ def test_run_is_one_astraflow_command(path):
     lines = [ln.strip() for ln in _config(path)["run"].strip().splitlines()]
     calls = [ln for ln in lines if re.search(r"(^|\s)astraflow\s", ln)]
     assert calls == [lines[-1]], lines
-    argv = shlex.split(lines[-1].removeprefix("exec "))
+    # The trainer's may be prefixed by its torchrun launcher (empty for one process).
+    argv = shlex.split(lines[-1].removeprefix("exec ").removeprefix('"${LAUNCHER[@]}" '))
     assert argv[0] == "astraflow" and argv[1] in ("train", "rollout")
     assert argv[2] == "$ASTRAFLOW_STORE"
 
@@ -101,21 +109,36 @@ def test_scripts_are_valid_bash(path):
         assert r.returncode == 0, f"{key}: {r.stderr}"
 
 
-def _run_script(path: Path, tmp_path: Path, env: dict[str, str]) -> list[str]:
-    """Run the file's `run:` with a stub `astraflow` that prints its argv as JSON."""
+_STUB = """#!{python}
+import json, os, sys
+print(json.dumps({{"prog": os.path.basename(sys.argv[0]), "argv": sys.argv[1:],
+                   "env": {{k: v for k, v in os.environ.items() if k.startswith("SKYPILOT_")}}}}))
+"""
+
+
+def _run_script(path: Path, tmp_path: Path, env: dict[str, str], *,
+                full: bool = False) -> list[str] | dict:
+    """Run the file's `run:` with stub `astraflow` and `torchrun` programs (first on PATH)
+    that print what they were started with as JSON: the argv of `astraflow` (or, with
+    `full`, {prog, argv, env} of whichever program the script exec'd)."""
     venv = tmp_path / "venv" / "bin"
     venv.mkdir(parents=True)
-    stub = venv / "astraflow"
-    stub.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
-    stub.chmod(0o755)
+    for prog in ("astraflow", "torchrun"):
+        stub = venv / prog
+        stub.write_text(_STUB.format(python=sys.executable))
+        stub.chmod(0o755)
     (venv / "activate").write_text(f'export PATH="{venv}:$PATH"\n')
     script = _config(path)["run"].replace("~/astraflow-venv", str(venv.parent))
     declared = {k: str(v) for k, v in _config(path)["envs"].items() if v is not None}
-    full = {"PATH": os.environ["PATH"], **declared, "ASTRAFLOW_STORE": STORE, **env}
-    r = subprocess.run(["bash", "-c", script], env=full, capture_output=True, text=True,
+    environ = {"PATH": os.environ["PATH"], **declared, "ASTRAFLOW_STORE": STORE, **env}
+    r = subprocess.run(["bash", "-c", script], env=environ, capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    out = json.loads(r.stdout)
+    if full:
+        return out
+    assert out["prog"] == "astraflow", out
+    return out["argv"]
 
 
 def test_rollout_worker_ids_and_region(tmp_path):
@@ -151,10 +174,72 @@ def test_trainer_command(tmp_path):
     assert _run_script(path, tmp_path / "b", {}) == ["train", STORE]  # one-policy flow
 
 
+def _rendezvous(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """torchrun's options (`--name value` pairs up to --no-python) and the command after."""
+    cut = argv.index("--no-python")
+    opts = argv[:cut]
+    assert len(opts) % 2 == 0 and all(o.startswith("--") for o in opts[::2]), opts
+    return dict(zip(opts[::2], opts[1::2], strict=True)), argv[cut + 1:]
+
+
+def test_trainer_rendezvous_one_node(tmp_path):
+    """One node: one GPU (or a CPU VM) runs astraflow alone; several GPUs run torchrun
+    with one rank per GPU."""
+    path = SKY_DIR / "train.sky.yaml"
+    sky_env = {"SKYPILOT_NODE_IPS": "10.0.0.5", "SKYPILOT_NODE_RANK": "0",
+               "SKYPILOT_NUM_NODES": "1", "POLICY": "solver"}
+    for gpus in ("1", "0"):
+        out = _run_script(path, tmp_path / f"g{gpus}", {**sky_env,
+                                                        "SKYPILOT_NUM_GPUS_PER_NODE": gpus},
+                          full=True)
+        assert out["prog"] == "astraflow" and out["argv"] == ["train", STORE, "--policy", "solver"]
+    out = _run_script(path, tmp_path / "g4", {**sky_env, "SKYPILOT_NUM_GPUS_PER_NODE": "4"},
+                      full=True)
+    assert out["prog"] == "torchrun"
+    opts, command = _rendezvous(out["argv"])
+    assert opts == {"--nnodes": "1", "--node-rank": "0", "--nproc-per-node": "4",
+                    "--master-addr": "10.0.0.5", "--master-port": "29500"}
+    assert command == ["astraflow", "train", STORE, "--policy", "solver"]
+    assert out["env"]["SKYPILOT_NODE_RANK"] == "0"  # torchrun sees SkyPilot's environment
+
+
+def test_trainer_rendezvous_two_nodes(tmp_path):
+    """Two nodes of 8 GPUs: both start torchrun against node 0's IP (the first line of
+    SKYPILOT_NODE_IPS) on the same port, each with its own node rank."""
+    path = SKY_DIR / "train.sky.yaml"
+    seen = {}
+    for rank in ("0", "1"):
+        out = _run_script(path, tmp_path / rank, {
+            "SKYPILOT_NODE_IPS": "10.0.0.5\n10.0.0.6\n", "SKYPILOT_NODE_RANK": rank,
+            "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NUM_GPUS_PER_NODE": "8", "POLICY": "verifier",
+            "ASTRAFLOW_MASTER_PORT": "29611"}, full=True)
+        assert out["prog"] == "torchrun"
+        opts, command = _rendezvous(out["argv"])
+        seen[rank] = opts
+        assert command == ["astraflow", "train", STORE, "--policy", "verifier"]
+    for rank, opts in seen.items():
+        assert opts == {"--nnodes": "2", "--node-rank": rank, "--nproc-per-node": "8",
+                        "--master-addr": "10.0.0.5", "--master-port": "29611"}
+    # CPU nodes (no GPUs): one process each, still a 2-node rendezvous; one-policy flow.
+    out = _run_script(path, tmp_path / "cpu", {
+        "SKYPILOT_NODE_IPS": "10.0.0.7\n10.0.0.8", "SKYPILOT_NODE_RANK": "1",
+        "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NUM_GPUS_PER_NODE": "0"}, full=True)
+    opts, command = _rendezvous(out["argv"])
+    assert opts == {"--nnodes": "2", "--node-rank": "1", "--nproc-per-node": "1",
+                    "--master-addr": "10.0.0.7", "--master-port": "29500"}
+    assert command == ["astraflow", "train", STORE]
+    # ASTRAFLOW_NPROC_PER_NODE overrides the GPU count (e.g. CPU ranks per node).
+    out = _run_script(path, tmp_path / "np", {
+        "SKYPILOT_NODE_IPS": "10.0.0.7", "SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "1",
+        "SKYPILOT_NUM_GPUS_PER_NODE": "0", "ASTRAFLOW_NPROC_PER_NODE": "2"}, full=True)
+    assert _rendezvous(out["argv"])[0]["--nproc-per-node"] == "2"
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda c: c.update(rnu=c.pop("run")), "rnu"),
     (lambda c: c["resources"].update(use_spots=True), "use_spots"),
-    (lambda c: c["resources"]["any_of"].append({"accelerators": "L4:1", "spot": True}), "spot"),
+    (lambda c: c["resources"].setdefault("any_of", []).append({"accelerators": "L4:1",
+                                                               "spot": True}), "spot"),
     (lambda c: c["envs"].update({"BAD-NAME": "x"}), "envs"),
 ])
 def test_broken_task_file_is_rejected(tmp_path, mutate, message):

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from astraflow import testing
 from astraflow.data.stages import StageContext, run_stages
 from astraflow.models.codec import load_codec
 from astraflow.models.hf import carried_files, load_policy, save_policy
@@ -335,6 +336,7 @@ class Trainer:
                 time.sleep(poll)
                 continue
             res = self.train_on(sl)
+            testing.pause_at(self.policy, res.step)  # inert unless a test asks (astraflow.testing)
             if res.step % 10 == 0:
                 m = res.metrics
                 log.info("step %d v%d reward %.3f used %d/%d loss %.4f wait %.2fs",

@@ -1,0 +1,49 @@
+"""Test hooks: inert unless a test sets their environment variables.
+
+Chaos tests kill a trainer at chosen steps. Polling the progress file for a kill
+window races the trainer: a loaded machine can run past the window, and a kill
+that lands right after a checkpoint loses nothing to roll back. A trainer started
+with
+
+    ASTRAFLOW_TEST_PAUSE_AT_STEP=6,25,45   ASTRAFLOW_TEST_GATE=/tmp/gate
+
+stops after finishing each of those steps (ledger row and progress written,
+checkpoint taken only if one was due), writes `<gate>/paused-<policy>-<step>`
+holding its pid, and waits there: the test kills it at exactly that step. Each
+step pauses once (the file stays), so the restarted trainer redoes the step and
+goes on. The wait ends by itself when `<gate>/release-<policy>-<step>` appears or
+after ASTRAFLOW_TEST_PAUSE_S seconds (default 300), so a test that never kills
+cannot hang a run forever.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+PAUSE_ENV = "ASTRAFLOW_TEST_PAUSE_AT_STEP"
+GATE_ENV = "ASTRAFLOW_TEST_GATE"
+TIMEOUT_ENV = "ASTRAFLOW_TEST_PAUSE_S"
+
+
+def pause_at(policy: str, step: int) -> None:
+    """Called by the trainer after each step; returns at once unless PAUSE_ENV names it."""
+    steps = os.environ.get(PAUSE_ENV)
+    if not steps or step not in {int(s) for s in steps.split(",") if s.strip()}:
+        return
+    gate = Path(os.environ.get(GATE_ENV) or ".")
+    gate.mkdir(parents=True, exist_ok=True)
+    marker = gate / f"paused-{policy}-{step}"
+    tmp = gate / f".paused-{policy}-{step}.{os.getpid()}"
+    tmp.write_text(str(os.getpid()))
+    try:  # a hard link appears whole and only once: a step pauses once, across restarts
+        os.link(tmp, marker)
+    except FileExistsError:
+        return
+    finally:
+        tmp.unlink()
+    release = gate / f"release-{policy}-{step}"
+    deadline = time.monotonic() + float(os.environ.get(TIMEOUT_ENV, "300"))
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
