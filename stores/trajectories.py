@@ -153,14 +153,16 @@ class TrajectoryStore:
             end = int(versions[cut - 1]) if cut < len(versions) else top
         return Slice(start=int(cursor), end=end, rows=rows)
 
-    def read_range(self, policy: str, start: int, end: int, columns: list[str] | None = None) -> pa.Table:
-        """Rows with start < created version <= end (for audits and replays)."""
+    def read_range(self, policy: str, start: int, end: int, columns: list[str] | None = None,
+                   where: str | None = None) -> pa.Table:
+        """Rows with start < created version <= end (for audits and replays), and
+        matching `where` (a LanceDB SQL filter) when given."""
         cols = list(columns or TRAJECTORY_SCHEMA.names)
+        cond = f"{_lance.CREATED_AT_VERSION} > {int(start)} AND {_lance.CREATED_AT_VERSION} <= {int(end)}"
+        if where:
+            cond = f"({cond}) AND ({where})"
         return self._read(policy, lambda: _lance.latest_dataset(self.table(policy)).to_table(
-            columns=[*cols, _lance.CREATED_AT_VERSION],
-            filter=f"{_lance.CREATED_AT_VERSION} > {int(start)} "
-            f"AND {_lance.CREATED_AT_VERSION} <= {int(end)}",
-        ), "range read")
+            columns=[*cols, _lance.CREATED_AT_VERSION], filter=cond), "range read")
 
     def maintain(self, policy: str) -> None:
         _lance.maintain(self.table(policy))

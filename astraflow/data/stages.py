@@ -6,18 +6,49 @@ plus a count of rows it dropped, by reason. Stages are chained by name in the
 flow YAML (`stages: [{name: staleness, params: {max_versions: 8}}, ...]`), or
 `module:attr` for a user's own function with the same signature — no system
 code changes to add one. Dropped rows are never silent: the trainer writes
-every count into the ledger (`stale` → rows_stale, anything else → rows_filtered).
+every count into the ledger (`stale` → rows_stale, anything else → rows_filtered)
+and each reason into its metrics (`rows_dropped_<reason>`).
+
+Built-in stages (see `builtin_stages`; the order below is the order to chain them in):
+
+    staleness             drop rows beyond a lineage staleness bound          (here)
+    replay                add earlier successful rows to today's groups      (data/replay.py)
+    overlength_penalty    lower the reward of truncated / over-long answers  (data/shaping.py)
+    solved_filter         drop groups every sample solved (or none did)      (data/shaping.py)
+    zero_variance_filter  drop groups whose rewards are all equal             (here)
+    group_advantages      GRPO: (reward − group mean) / group std             (here)
+    dr_grpo_advantages    Dr. GRPO: reward − group mean, no std               (data/shaping.py)
+    length_norm           token-mean or sequence-mean loss aggregation        (data/shaping.py)
+
+Replayed rows are *extra* uses of rows an earlier step consumed: they carry
+`replayed = true`, are never counted in the ledger's rows_read / rows_used (each
+consumed row is still counted exactly once, in the step whose cursor range holds
+it), and a stage that drops one reports it under the reason `replayed`
+(`drop_rows` does this for you). `run_stages` checks both rules for every stage.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+
+#: Marks rows a stage added that this step did not consume (replay); bool column.
+REPLAYED = "replayed"
+#: Per-row loss weight a stage may write (float32); the loss is the weight-averaged token mean.
+LOSS_WEIGHT = "loss_weight"
+
+
+class History(Protocol):
+    """Read-only view of the policy's earlier rows: those committed at or before the
+    cursor this step starts from (consumed by earlier steps), as an Arrow table with
+    `columns` and the rows matching `where` (a LanceDB SQL filter)."""
+
+    def __call__(self, *, columns: list[str], where: str | None = None) -> pa.Table: ...
 
 
 @dataclass(frozen=True)
@@ -31,6 +62,11 @@ class StageContext:
     cannot be placed, e.g. a pruned dead branch). The trainer always fills it, for
     every behaviour version of the rows it passes. None here means a linear history
     (no rollback ever), where staleness is `version − behavior_version`."""
+    history: History | None = None
+    """The policy's rows before this step's cursor range (the trainer passes its
+    trajectory table, read-only). Stages stay pure functions of (rows, context): the
+    table is append-only, so the same step sees the same history when it is redone
+    after a rollback. None outside a trainer; a stage that needs it must say so."""
 
     def row_staleness(self, behavior_versions: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """Staleness of each row (float; NaN where the lineage is unknown)."""
@@ -50,6 +86,47 @@ class StageContext:
 class StageResult:
     rows: pa.Table
     dropped: dict[str, int] = field(default_factory=dict)
+    """Rows removed, by reason; replayed rows removed go under `replayed`."""
+    added: int = 0
+    """Rows added that this step did not consume (marked `replayed`)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Numbers the trainer logs with the step (a later stage's value of a name wins)."""
+
+    def ledger_counts(self) -> tuple[int, int, int]:
+        """(used, stale, filtered) among the rows this step consumed, for the ledger:
+        replayed rows are neither read nor used by this step."""
+        used = self.rows.num_rows - replayed_count(self.rows)
+        stale = self.dropped.get("stale", 0)
+        filtered = sum(v for k, v in self.dropped.items() if k not in ("stale", REPLAYED))
+        return used, stale, filtered
+
+
+def replayed_mask(rows: pa.Table) -> np.ndarray:
+    """True for rows a stage added from earlier steps (column `replayed`)."""
+    if REPLAYED not in rows.column_names:
+        return np.zeros(rows.num_rows, dtype=bool)
+    return np.asarray(rows.column(REPLAYED).to_pylist(), dtype=bool)
+
+
+def replayed_count(rows: pa.Table) -> int:
+    return int(replayed_mask(rows).sum())
+
+
+def drop_rows(rows: pa.Table, drop: Mapping[str, Sequence[bool] | np.ndarray]) -> StageResult:
+    """Remove rows, counting each under the first reason whose mask marks it — or
+    under `replayed` when the row is a replayed one (not consumed by this step, so
+    not a ledger row). The way for any filter, built-in or yours, to stay exact
+    when it runs after `replay`."""
+    replayed = replayed_mask(rows)
+    gone = np.zeros(rows.num_rows, dtype=bool)
+    dropped: dict[str, int] = {}
+    for reason, mask in drop.items():
+        m = np.asarray(mask, dtype=bool) & ~gone
+        dropped[reason] = int((m & ~replayed).sum())
+        gone |= m
+    if (gone & replayed).any():
+        dropped[REPLAYED] = int((gone & replayed).sum())
+    return StageResult(rows.filter(pa.array(~gone, pa.bool_())), dropped)
 
 
 class Stage(Protocol):
@@ -69,8 +146,7 @@ def staleness(rows: pa.Table, ctx: StageContext, *, max_versions: int = 8) -> St
         raise ValueError("staleness.max_versions must be >= 0")
     lag = ctx.row_staleness(rows.column("behavior_version"))
     keep = ~np.isnan(lag) & (lag <= max_versions)
-    kept = rows.filter(pa.array(keep, pa.bool_()))
-    return StageResult(kept, {"stale": rows.num_rows - kept.num_rows})
+    return drop_rows(rows, {"stale": ~keep})
 
 
 def _group_ids(rows: pa.Table) -> np.ndarray:
@@ -90,13 +166,15 @@ def zero_variance_filter(rows: pa.Table, ctx: StageContext, *, min_size: int = 2
     mean = np.bincount(g, weights=r) / n
     var = np.bincount(g, weights=(r - mean[g]) ** 2) / n
     keep = (var[g] > 1e-12) & (n[g] >= min_size)
-    kept = rows.filter(pa.array(keep))
-    return StageResult(kept, {"zero_variance": rows.num_rows - kept.num_rows})
+    return drop_rows(rows, {"zero_variance": ~keep})
 
 
 def group_advantages(rows: pa.Table, ctx: StageContext, *, normalize_std: bool = True,
                      eps: float = 1e-6) -> StageResult:
-    """GRPO advantages: reward minus its group's mean, divided by the group's std."""
+    """GRPO advantages: reward minus its group's mean, divided by the group's std
+    (population std, + eps). Groups are rows sharing `group_id` (one task's samples,
+    plus any rows `replay` added to it). `normalize_std: false` is Dr. GRPO
+    (`dr_grpo_advantages`)."""
     if rows.num_rows == 0:
         return StageResult(rows.append_column("advantage", pa.array([], pa.float32())))
     g = _group_ids(rows)
@@ -112,17 +190,28 @@ def group_advantages(rows: pa.Table, ctx: StageContext, *, normalize_std: bool =
     return StageResult(rows.append_column("advantage", pa.array(adv.astype(np.float32))))
 
 
-BUILTIN: dict[str, Callable[..., StageResult]] = {
-    "staleness": staleness,
-    "zero_variance_filter": zero_variance_filter,
-    "group_advantages": group_advantages,
-}
+def builtin_stages() -> dict[str, Callable[..., StageResult]]:
+    """Name → function of every built-in stage (imported here, not at module load:
+    the other stage modules import this one)."""
+    from astraflow.data import replay, shaping
+
+    return {
+        "staleness": staleness,
+        "replay": replay.replay,
+        "overlength_penalty": shaping.overlength_penalty,
+        "solved_filter": shaping.solved_filter,
+        "zero_variance_filter": zero_variance_filter,
+        "group_advantages": group_advantages,
+        "dr_grpo_advantages": shaping.dr_grpo_advantages,
+        "length_norm": shaping.length_norm,
+    }
 
 
 def resolve_stage(name: str) -> Callable[..., StageResult]:
     """A built-in stage by name, or `package.module:attr` for a user's own."""
-    if name in BUILTIN:
-        return BUILTIN[name]
+    builtin = builtin_stages()
+    if name in builtin:
+        return builtin[name]
     if ":" in name:
         module, _, attr = name.partition(":")
         try:
@@ -133,23 +222,44 @@ def resolve_stage(name: str) -> Callable[..., StageResult]:
             raise ValueError(f"stage {name!r} is not callable")
         return fn
     raise ValueError(
-        f"unknown stage {name!r}; built-in stages are {sorted(BUILTIN)}, "
+        f"unknown stage {name!r}; built-in stages are {sorted(builtin)}, "
         f"or give 'module:function' for your own"
     )
 
 
 def run_stages(rows: pa.Table, ctx: StageContext, specs: list[tuple[str, dict[str, Any]]]) -> StageResult:
-    """Apply stages in order, summing dropped counts by reason."""
+    """Apply stages in order, summing dropped counts by reason, and check that every
+    stage accounts for every row: consumed rows it removed are in its `dropped`
+    counts; replayed rows it removed are under `replayed`, those it added in `added`.
+    The result's metrics hold the stages' own plus `rows_dropped_<reason>` and
+    `rows_replayed` (replayed rows that reach the loss)."""
     dropped: dict[str, int] = {}
+    metrics: dict[str, float] = {}
+    added = 0
     for name, params in specs:
-        before = rows.num_rows
+        consumed, replays = rows.num_rows - replayed_count(rows), replayed_count(rows)
         res = resolve_stage(name)(rows, ctx, **params)
         rows = res.rows
+        reported = sum(int(v) for k, v in res.dropped.items() if k != REPLAYED)
+        removed = consumed - (rows.num_rows - replayed_count(rows))
+        if removed != reported:
+            raise RuntimeError(
+                f"stage {name!r} removed {removed} rows but reported {reported}; a stage must "
+                f"account for every row it drops" + (
+                    " (replayed rows it drops go under 'replayed': use stages.drop_rows)"
+                    if replays else ""))
+        replay_gone = int(res.dropped.get(REPLAYED, 0))
+        if replayed_count(rows) - replays != res.added - replay_gone:
+            raise RuntimeError(
+                f"stage {name!r}: replayed rows went from {replays} to {replayed_count(rows)} "
+                f"but it reported {res.added} added and {replay_gone} dropped; rows a stage "
+                f"adds must carry `{REPLAYED} = true` and be counted in StageResult.added")
         for k, v in res.dropped.items():
             dropped[k] = dropped.get(k, 0) + int(v)
-        if before - rows.num_rows != sum(res.dropped.values()):
-            raise RuntimeError(
-                f"stage {name!r} removed {before - rows.num_rows} rows but reported "
-                f"{sum(res.dropped.values())}; a stage must account for every row it drops"
-            )
-    return StageResult(rows, dropped)
+        added += res.added
+        metrics.update(res.metrics)
+    for k, v in dropped.items():
+        metrics[f"rows_dropped_{k}"] = float(v)
+    if added:
+        metrics["rows_replayed"] = float(replayed_count(rows))
+    return StageResult(rows, dropped, added, metrics)

@@ -27,6 +27,13 @@ gradient accumulation every micro-batch divides by the *global* number of
 unmasked tokens of the optimizer step, so the summed gradient equals the
 one-shot gradient of the mean over the whole step.
 
+Length normalisation: a row may carry a loss weight (the `length_norm` data stage
+writes one; astraflow/data/shaping.py). The loss is then the weighted token mean
+Σ w·m·ℓ / Σ w·m over the update's tokens: w = 1 everywhere is the plain token mean
+(the default), w = 1/(row's unmasked tokens) the mean over rows of each row's
+token mean (sequence-mean). The normaliser is the weighted count, so the result
+is exact for any minibatch and micro-batch cut.
+
 Memory: `completion_logprobs` runs the backbone once, then the output head and
 log-softmax only at completion positions, a chunk of tokens at a time under
 activation checkpointing, so neither forward nor backward ever holds a
@@ -119,9 +126,12 @@ def policy_loss(
     *,
     logp_proximal: torch.Tensor | None = None,
     normalizer: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
-    """The per-token objective of `cfg.objective`, summed over unmasked tokens and
-    divided by `normalizer` (default: this batch's unmasked token count).
+    """The per-token objective of `cfg.objective`, summed over unmasked tokens (times
+    `token_weights` when given: the rows' loss weights) and divided by `normalizer`
+    (default: this batch's unmasked token count, weighted likewise). The statistics
+    count tokens unweighted.
 
     All tensors are flat with one entry per token. `logp_proximal` is required
     for `decoupled` (pass `logp_new.detach()` when the step makes one update:
@@ -131,7 +141,15 @@ def policy_loss(
         raise ValueError("policy_loss: inputs must have one entry per token")
     mask = mask.to(logp_new.dtype)
     count = float(mask.sum())
-    n = normalizer if normalizer is not None else max(count, 1.0)
+    scale = mask
+    if token_weights is not None:
+        if token_weights.shape != mask.shape:
+            raise ValueError("policy_loss: token_weights must have one entry per token")
+        scale = mask * token_weights.to(mask.dtype)
+    if normalizer is not None:
+        n = normalizer
+    else:
+        n = max(count, 1.0) if token_weights is None else max(float(scale.sum()), 1e-12)
     if n <= 0:
         raise ValueError(f"policy_loss: normalizer must be > 0, got {n}")
     eps = cfg.clip_eps
@@ -156,7 +174,7 @@ def policy_loss(
     else:
         dual = objective
     per_token = -dual * weight
-    loss = (per_token * mask).sum() / n
+    loss = (per_token * scale).sum() / n
     with torch.no_grad():
         beh_log_ratio = logp_new - logp_behavior
         beh_ratio = torch.exp(beh_log_ratio)
@@ -363,7 +381,8 @@ class Batch:
     """One optimizer step's rows: token ids, and per completion token (flattened
     row by row) the behaviour logprob, loss mask and the row's advantage.
     `on_policy_rows`: rows sampled by exactly the weights the trainer holds
-    (for the engine-vs-trainer mismatch), or None when no row is."""
+    (for the engine-vs-trainer mismatch), or None when no row is. `weights`: per
+    token, its row's loss weight (None: all 1, the plain token mean)."""
 
     prompts: list[list[int]]
     completions: list[list[int]]
@@ -371,9 +390,12 @@ class Batch:
     mask: torch.Tensor
     advantages: torch.Tensor
     on_policy_rows: list[bool] | None = None
+    weights: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = sum(len(c) for c in self.completions)
+        if self.weights is not None and self.weights.numel() != n:
+            raise ValueError(f"Batch: {n} completion tokens but {self.weights.numel()} weights")
         if not (self.behavior_logprobs.numel() == self.mask.numel() == self.advantages.numel() == n):
             raise ValueError(f"Batch: {n} completion tokens but {self.behavior_logprobs.numel()} "
                              f"behaviour logprobs, {self.mask.numel()} mask entries, "
@@ -382,14 +404,17 @@ class Batch:
     @classmethod
     def from_rows(cls, prompts: list[list[int]], completions: list[list[int]],
                   behavior_logprobs: list[list[float]], loss_mask: list[list[int]],
-                  advantages: list[float], on_policy_rows: list[bool] | None = None) -> Batch:
+                  advantages: list[float], on_policy_rows: list[bool] | None = None,
+                  loss_weight: list[float] | None = None) -> Batch:
+        weights = None if loss_weight is None else torch.tensor(
+            [w for w, c in zip(loss_weight, completions, strict=True) for _ in c], dtype=torch.float32)
         return cls(
             prompts, completions,
             torch.tensor([x for r in behavior_logprobs for x in r], dtype=torch.float32),
             torch.tensor([x for r in loss_mask for x in r], dtype=torch.float32),
             torch.tensor([a for a, c in zip(advantages, completions, strict=True) for _ in c],
                          dtype=torch.float32),
-            on_policy_rows)
+            on_policy_rows, weights)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -406,7 +431,8 @@ class Batch:
         a, b = off[start], off[stop]
         return Batch(self.prompts[start:stop], self.completions[start:stop],
                      self.behavior_logprobs[a:b], self.mask[a:b], self.advantages[a:b],
-                     None if self.on_policy_rows is None else self.on_policy_rows[start:stop])
+                     None if self.on_policy_rows is None else self.on_policy_rows[start:stop],
+                     None if self.weights is None else self.weights[a:b])
 
     def token_rows(self, flags: Sequence[bool]) -> torch.Tensor:
         """A per-token bool mask from a per-row flag."""
@@ -437,7 +463,8 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
     """Train on `batch`: `s.minibatches` optimizer updates over contiguous slices of
     its rows (one epoch: every row is used exactly once), each accumulated over
     micro-batches of `s.micro_batch_rows` rows and normalised by the minibatch's
-    unmasked token count. Returns (metrics, updates made).
+    unmasked token count (weighted by the rows' loss weights, when the batch has
+    them). Returns (metrics, updates made).
 
     Decoupled objective: the proximal logprobs are the model's before the first
     update. With one update they are the micro-batch's own logprobs, detached
@@ -473,9 +500,10 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
     grad_norms: list[float] = []
     for k, (a, b) in enumerate(ranges):
         mb = batch.select(a, b)
-        n_tokens = float(mb.mask.sum())
+        # The minibatch's (weighted) unmasked token count: the mean's denominator.
+        n_tokens = float(mb.mask.sum() if mb.weights is None else (mb.mask * mb.weights).sum())
         if n_tokens == 0:
-            continue  # every token masked (a tool's turn): nothing to learn, no update
+            continue  # every token masked (a tool's turn) or weighted 0: nothing to learn
         opt.zero_grad(set_to_none=True)
         for ma, mb_end in _split(len(mb), -(-len(mb) // mb_rows)):
             micro = mb.select(ma, mb_end)
@@ -498,7 +526,8 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
             else:
                 prox = new.detach()
             loss, st = policy_loss(new, micro.behavior_logprobs, micro.advantages, micro.mask,
-                                   s.loss, logp_proximal=prox, normalizer=n_tokens)
+                                   s.loss, logp_proximal=prox, normalizer=n_tokens,
+                                   token_weights=micro.weights)
             loss.backward()
             stats = stats.merge(st)
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)))

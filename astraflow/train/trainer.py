@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -58,7 +59,7 @@ from astraflow.train.loss import Batch, LossConfig, StepSettings, optimize
 log = logging.getLogger("astraflow.trainer")
 
 COLUMNS = ["group_id", "behavior_version", "prompt_ids", "completion_ids",
-           "behavior_logprobs", "loss_mask", "reward"]
+           "behavior_logprobs", "loss_mask", "reward", "task_id", "extras"]
 
 
 @dataclass
@@ -210,18 +211,19 @@ class Trainer:
         behavior = sl.rows.column("behavior_version")
         ctx = StageContext(policy=self.policy, version=self.version, step=self.step,
                            lineage_staleness=self.lineage.staleness_of(self.version,
-                                                                       behavior.to_pylist()))
+                                                                       behavior.to_pylist()),
+                           history=partial(self.traj.read_range, self.policy, 0, sl.start))
         staged = run_stages(sl.rows, ctx, self.stages)
         rows = staged.rows
-        stale = staged.dropped.get("stale", 0)
-        filtered = sum(v for k, v in staged.dropped.items() if k != "stale")
+        used, stale, filtered = staged.ledger_counts()  # replayed rows are extra, not consumed
         lag = ctx.row_staleness(behavior)
         known = lag[~np.isnan(lag)]
         metrics: dict[str, float] = {
             "reward_mean": float(torch.tensor(sl.rows.column("reward").to_pylist()).mean()),
             "trainer_wait_s": wait,
             "rows_read": sl.num_rows,
-            "rows_used": rows.num_rows,
+            "rows_used": used,
+            **staged.metrics,
         }
         if known.size:  # by lineage (astraflow/train/lineage.py), over the rows read
             metrics["staleness_mean"] = float(known.mean())
@@ -242,10 +244,10 @@ class Trainer:
             metrics["publish_s"] = took
         self.ledger.record(LedgerEntry(
             policy=self.policy, step=self.step, cursor_start=sl.start, cursor_end=sl.end,
-            rows_read=sl.num_rows, rows_used=rows.num_rows, rows_stale=stale,
+            rows_read=sl.num_rows, rows_used=used, rows_stale=stale,
             rows_filtered=filtered, optimizer_step=did_step, weight_version=self.version,
         ))
-        result = StepResult(self.step, sl.num_rows, rows.num_rows, metrics)
+        result = StepResult(self.step, sl.num_rows, used, metrics)
         self.cursor = sl.end
         self.rows_consumed += sl.num_rows
         self.step += 1
@@ -295,7 +297,8 @@ class Trainer:
         batch = Batch.from_rows(
             rows.column("prompt_ids").to_pylist(), comps,
             rows.column("behavior_logprobs").to_pylist(), rows.column("loss_mask").to_pylist(),
-            rows.column("advantage").to_pylist(), on_policy)
+            rows.column("advantage").to_pylist(), on_policy,
+            rows.column("loss_weight").to_pylist() if "loss_weight" in rows.column_names else None)
         settings = StepSettings(
             loss=LossConfig(algo.objective, algo.clip_eps, algo.dual_clip, algo.is_cap),
             temperature=self.ctx.flow.rollout.temperature, minibatches=algo.minibatches,
