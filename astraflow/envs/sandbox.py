@@ -57,7 +57,7 @@ _PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 
 
 class SandboxUnavailable(RuntimeError):
-    """The machine lacks what the sandbox needs (bwrap, prlimit, a python3 under /usr)."""
+    """The machine lacks what the sandbox needs (root, bwrap, prlimit, /usr/bin/python3)."""
 
 
 @dataclass(frozen=True)
@@ -104,11 +104,31 @@ def _python() -> str:
 
 def check_available() -> None:
     """Raise SandboxUnavailable, saying how to fix it, when a run cannot work here."""
+    if os.geteuid() != 0:
+        # Not root: no uid of its own per run, so RLIMIT_NPROC would count every process
+        # of the calling user (either blocking bwrap itself or not bounding a fork bomb).
+        raise SandboxUnavailable("the sandbox runs each program as its own uid, which needs "
+                                 "root: run the rollout worker as root (containers, "
+                                 "`sudo` on a VM)")
     for tool, pkg in (("bwrap", "bubblewrap"), ("prlimit", "util-linux")):
         if shutil.which(tool) is None:
             raise SandboxUnavailable(f"`{tool}` not found: apt-get install {pkg} "
                                      "(scripts/setup-sandbox.sh does it)")
     _python()
+    with _PROBED_LOCK:
+        if not _PROBED:
+            # Once per process: a sandbox that cannot start (user namespaces disabled, a
+            # seccomp profile refusing mount) must fail loudly here, not look like a
+            # program that printed an error and scored 0.
+            slot = _UIDS.acquire()
+            try:
+                r = _run("print('ok')", SandboxLimits(timeout_s=30), "", [], "probe",
+                         _UIDS.uid(slot), time.monotonic())
+            finally:
+                _UIDS.release(slot)
+            if r.stdout != "ok\n":
+                raise SandboxUnavailable(f"a bwrap sandbox does not start here: {r.stderr!r}")
+            _PROBED.append(True)
 
 
 class _Uids:
@@ -135,6 +155,8 @@ class _Uids:
 
 
 _UIDS = _Uids(base=1_000_000_000)  # pid_max 2**22 * 256 slots stays below 2**31
+_PROBED: list[bool] = []
+_PROBED_LOCK = threading.Lock()
 
 
 def command(limits: SandboxLimits, program_fd: int, argv: list[str]) -> list[str]:
@@ -179,13 +201,12 @@ def _run(code: str, limits: SandboxLimits, stdin: str, argv: list[str], marker: 
     with tempfile.TemporaryFile() as src:
         src.write(code.encode())
         src.seek(0)
-        as_root = os.geteuid() == 0
         proc = subprocess.Popen(
             command(limits, src.fileno(), argv),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             pass_fds=(src.fileno(),), start_new_session=True, close_fds=True,
             env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", MARKER_ENV: marker},
-            **({"user": uid, "group": uid, "extra_groups": []} if as_root else {}),
+            user=uid, group=uid, extra_groups=[],
         )
     try:
         out, err, timed_out, truncated = _collect(proc, stdin.encode(), limits, start)
