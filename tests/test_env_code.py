@@ -28,7 +28,7 @@ def test_tasks_deterministic_and_heldout_disjoint():
 
 
 def test_reward_correct_partial_wrong():
-    env = CodeEnv()
+    env = CodeEnv(run_timeout_s=2.0)
     task = env.task("countgt:4")
     assert env.reward(task, task.answer) == 1.0
     assert env.reward(task, "def f(xs):\n    return len([x for x in xs if x > 4])") == 1.0

@@ -157,12 +157,13 @@ def test_fork_bomb_is_contained_and_cleaned_up():
 
 
 def test_infinite_loop_killed_at_timeout_with_everything_it_started():
-    # A child in the process group and a grandchild that escaped it with setsid().
+    # A child in the process group, and a grandchild that left it (setsid) and closed
+    # its output pipes, so neither the group nor the pipes' closing would catch it.
     prog = textwrap.dedent("""
         import os
         if os.fork() == 0:
             if os.fork() == 0:
-                os.setsid()
+                os.setsid(); os.close(1); os.close(2)
             while True: pass
         while True: pass
     """)
@@ -171,6 +172,14 @@ def test_infinite_loop_killed_at_timeout_with_everything_it_started():
     assert r.timed_out and r.exit_code is None
     assert 1.5 <= time.monotonic() - t0 < 15
     assert marked("loop") == []  # run_python returns only after all of them are gone
+
+
+def test_closing_its_output_does_not_end_the_wait():
+    r = run_python("import os, time\nos.close(1); os.close(2)\ntime.sleep(60)",
+                   SandboxLimits(timeout_s=1.5), marker="closed")
+    assert r.timed_out and marked("closed") == []
+    quick = run_python("import os, time\nos.close(1); time.sleep(0.3); raise SystemExit(4)")
+    assert quick.exit_code == 4 and not quick.timed_out
 
 
 def test_huge_output_is_truncated_and_ends_the_run():

@@ -23,9 +23,10 @@ Flatpak uses for the same job, started as its own unprivileged user:
     run lasts): the process limit then holds, per run, and concurrent runs never
     share one count (a fork bomb in one cannot starve another).
   * killing: on timeout (wall clock) or when the output cap is hit, SIGKILL goes to
-    the run's process group; bwrap's init is pid 1 of its namespace, so when it dies
-    the kernel kills every process left in the namespace, including ones that left
-    the process group (setsid). The call returns only after the sandbox's pipes close.
+    bwrap's init, pid 1 of the run's pid namespace: the kernel kills every process in
+    the namespace, including ones that left the process group (setsid), and init and
+    bwrap exit only when all are gone; then to the run's process group. The call
+    returns only after bwrap has exited, so nothing of the run is left running.
   * a dying worker takes its sandboxes along: `--die-with-parent` sets
     PR_SET_PDEATHSIG=SIGKILL on bwrap and its init. PDEATHSIG fires when the *thread*
     that started the child exits, not the process; the starting thread is the one
@@ -210,6 +211,11 @@ def _run(code: str, limits: SandboxLimits, stdin: str, argv: list[str], marker: 
         )
     try:
         out, err, timed_out, truncated = _collect(proc, stdin.encode(), limits, start)
+        if not (timed_out or truncated):  # pipes closed; the program may still be running
+            try:
+                proc.wait(timeout=max(0.0, start + limits.timeout_s - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
     finally:
         if proc.poll() is None:
             _kill(proc)
@@ -222,9 +228,29 @@ def _run(code: str, limits: SandboxLimits, stdin: str, argv: list[str], marker: 
                      seconds=time.monotonic() - start)
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGKILL bwrap's init first: it is pid 1 of the run's pid namespace, so the kernel
+    kills every process in the namespace, and init (hence bwrap, which waits for it)
+    exits only once they are all gone; after `proc` exits, nothing of the run is left.
+    Then SIGKILL the process group (pgid == bwrap's pid, start_new_session), for bwrap
+    itself if init was not up yet (its die-with-parent then takes init along)."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)  # start_new_session: pgid == bwrap's pid
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:  # bwrap already gone
+        children = []
+    for child in children:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if children:
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass  # the process group below, then the caller's wait, finish it
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
 
