@@ -88,10 +88,12 @@ def lora_config(spec: LoraSpec):
                       task_type="CAUSAL_LM")
 
 
-def wrap(model: torch.nn.Module, spec: LoraSpec, source: str | Path | None = None
-         ) -> torch.nn.Module:
+def wrap(model: torch.nn.Module, spec: LoraSpec, source: str | Path | None = None, *,
+         seed: int = 0) -> torch.nn.Module:
     """Fresh adapters on a full model (B = 0: the wrapped model computes exactly what
-    the base does); only the adapters require grad. `source`: the folder the model
+    the base does); only the adapters require grad. A's random init is drawn from
+    `seed`, not the global RNG, so a run starts from the same adapters whatever ran
+    before it (and the global RNG is left as it was). `source`: the folder the model
     came from; adapters must start on the base their versions will name."""
     from peft import get_peft_model
 
@@ -100,7 +102,9 @@ def wrap(model: torch.nn.Module, spec: LoraSpec, source: str | Path | None = Non
         raise ValueError(f"LoRA adapters start on version {BASE_VERSION} of a policy (the base "
                          f"every adapter version names); {source} is a later full version. Turn "
                          f"model.lora on for a fresh run, or off to continue full fine-tuning")
-    return get_peft_model(model, lora_config(spec))
+    with torch.random.fork_rng():  # CPU and every CUDA device
+        torch.manual_seed(seed)
+        return get_peft_model(model, lora_config(spec))
 
 
 def load_trainable(model: torch.nn.Module, path: str | Path, spec: LoraSpec) -> torch.nn.Module:

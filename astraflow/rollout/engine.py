@@ -192,14 +192,17 @@ def check_engine(kind: str) -> None:
             ".venv-vllm/bin/astraflow, or `pip install 'astraflow[vllm]'` on a GPU machine.")
 
 
-def make_engine(kind: str, path: Path, *, dtype: str = "auto") -> Engine:
+def make_engine(kind: str, path: Path, *, dtype: str = "auto", lora_rank: int | None = None
+                ) -> Engine:
     """Build the flow's `rollout.engine` on a version folder (`dtype`: the policy's
-    `model.dtype`; vLLM runs the checkpoint's own dtype, see vllm_engine)."""
+    `model.dtype`; vLLM runs the checkpoint's own dtype, see vllm_engine). `lora_rank`:
+    a LoRA policy's `model.lora.r`, so vLLM starts with LoRA enabled even on version
+    0 (the hf engine merges adapters and needs no notice)."""
     if kind == "hf":
         return HFEngine.from_dir(path, dtype=dtype)
     if kind == "vllm":
         check_engine(kind)
         from astraflow.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine.from_dir(path)
+        return VLLMEngine.from_dir(path, max_lora_rank=lora_rank)
     raise ValueError(f"unknown engine {kind!r}: 'hf' or 'vllm'")
