@@ -2,8 +2,10 @@
 trainer, published as adapter-only versions, merged by the hf engine, served by
 vLLM as LoRA requests, resumed from checkpoints, and learning.
 
-Measured here (torch 2.13 CPU, peft 0.21): an r=8 adapter on every attention and
-MLP projection is 8.2% of the tiny model's version bytes and 3.5% of SmolLM2-135M's.
+Measured here (torch 2.13 CPU, peft 0.21): an r=8 adapter version of SmolLM2-135M
+(every attention and MLP projection, tokenizer files included) is 13.3 MB, 2.5% of
+a full version's 542 MB; vLLM serves adapter versions with logprobs within 2e-6 of
+the hf engine's merged weights.
 """
 
 from __future__ import annotations

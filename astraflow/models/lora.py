@@ -79,9 +79,19 @@ def base_dir(path: str | Path) -> Path:
     return d
 
 
+def _peft():
+    """peft, or an ImportError that says how to get it."""
+    try:
+        import peft
+    except ImportError as err:
+        raise ImportError("model.lora trains adapters with peft, which is not installed: "
+                          "pip install 'astraflow[lora]'") from err
+    return peft
+
+
 def lora_config(spec: LoraSpec):
     """peft's LoraConfig for the flow's `model.lora`."""
-    from peft import LoraConfig
+    LoraConfig = _peft().LoraConfig  # noqa: N806
 
     return LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
                       target_modules=list(spec.target_modules), bias="none",
@@ -95,7 +105,7 @@ def wrap(model: torch.nn.Module, spec: LoraSpec, source: str | Path | None = Non
     `seed`, not the global RNG, so a run starts from the same adapters whatever ran
     before it (and the global RNG is left as it was). `source`: the folder the model
     came from; adapters must start on the base their versions will name."""
-    from peft import get_peft_model
+    get_peft_model = _peft().get_peft_model
 
     if source is not None and (m := _VERSION_DIR.fullmatch(Path(source).name)) \
             and int(m.group(1)) != BASE_VERSION:
@@ -109,7 +119,7 @@ def wrap(model: torch.nn.Module, spec: LoraSpec, source: str | Path | None = Non
 
 def load_trainable(model: torch.nn.Module, path: str | Path, spec: LoraSpec) -> torch.nn.Module:
     """The base `model` with the adapters of version folder `path`, trainable."""
-    from peft import PeftModel
+    PeftModel = _peft().PeftModel  # noqa: N806
 
     saved = json.loads((Path(path) / ADAPTER_CONFIG).read_text())
     want = lora_config(spec)
