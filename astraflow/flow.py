@@ -25,6 +25,37 @@ class FlowError(ValueError):
     """A flow file is missing, unreadable or invalid; the message says how to fix it."""
 
 
+class LoraSpec(Spec):
+    """Train low-rank adapters (LoRA, via peft) instead of every weight.
+
+    The trainer updates only the adapters; each published version holds only them
+    (adapter_model.safetensors + adapter_config.json, a few MB) plus a pointer to
+    version 0, the base they apply to, which is never pruned. Workers merge them into
+    the base (`hf` engine) or serve them as a LoRA request (`vllm`)."""
+
+    r: int = Field(8, ge=1)
+    """Adapter rank. vLLM serves ranks up to its `max_lora_rank` (set from this)."""
+    alpha: float = Field(16.0, gt=0)
+    """Scaling numerator: an adapter adds (alpha / r) * B @ A to a weight."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter input while training. 0 keeps the trainer's logprobs equal
+    to the engines' (dropout makes them differ, which the importance ratio then sees)."""
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS))
+    """Names of the linear layers that get adapters (module name suffixes); the default
+    is every attention and MLP projection of a Llama-style model."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_targets(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError(f"target_modules is empty: name the layers to adapt, e.g. "
+                             f"{list(LORA_TARGETS)}")
+        return v
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 class ModelSpec(Spec):
     """The policy's network: a tiny Llama built from scratch, or a pretrained HF model."""
 
@@ -51,6 +82,9 @@ class ModelSpec(Spec):
     """`tiny` only: attention heads; must divide `hidden_size`."""
     intermediate_size: int = Field(512, ge=16)
     """`tiny` only: width of each block's MLP."""
+    lora: LoraSpec | None = None
+    """Train LoRA adapters on version 0 instead of the whole model (off by default);
+    e.g. `lora: {r: 8}`. See LoraSpec."""
 
     @model_validator(mode="after")
     def _kind_fields(self) -> ModelSpec:

@@ -1,6 +1,7 @@
 """Publish + fetch of a weight version against a plain copy of the same bytes.
 
     python benchmarks/weights.py [--repeats 5] [--sizes math,16m]
+    python benchmarks/weights.py --lora 8 [--sizes 16m,smollm2]   # full vs adapter
 
 What a version costs beyond moving its bytes: the weight store hashes every file
 (sha256) on publish, writes a manifest last, lists versions to find the newest,
@@ -18,7 +19,16 @@ The S3 rows run against two moto servers on 127.0.0.1 (started and stopped
 here), so they measure request overhead and the local disk, not a WAN; the
 ratio is the claim (aim: at most 1.3). Sizes: `math` is the math flow's model
 (4 MB, so per-request costs dominate); `NNm` is a model of about NN million
-parameters in float32 (large files: hashing and bandwidth dominate).
+parameters in float32 (large files: hashing and bandwidth dominate); `smollm2`
+is SmolLM2-135M-Instruct (tests/hf_fixtures.py's cached import).
+
+`--lora R` measures instead what a version of a LoRA policy costs against a full
+version of the same model, per version and through the same code: the trainer's
+save (`save_policy`), publish (hash, rename or PUT, manifest), a worker's fetch
+(list, GET, verify) and its engine swap (`HFEngine.load_weights`: the whole
+state dict, or the adapter merged into the kept base). Version 0 (the base) is
+published and fetched once before timing, as a worker holds it for the whole
+run. Printed: bytes and seconds per version, and adapter / full as ratios.
 """
 
 from __future__ import annotations
@@ -41,6 +51,13 @@ def model_dir(size: str, root: Path) -> Path:
     from astraflow.models.factory import save_policy, tiny_llama
     from astraflow.models.tokenizer import build_char_tokenizer
 
+    if size == "smollm2":
+        from tests.hf_fixtures import models_cache
+
+        d = models_cache() / "smollm2-135m-instruct"
+        if not (d / "model.safetensors").is_file():
+            raise SystemExit(f"{d} missing: run tests/test_hf_models.py once (it imports SmolLM2)")
+        return d
     if size == "math":
         m = load_flow(ROOT / "examples/math.yaml").policies[0].model
         model = tiny_llama(hidden_size=m.hidden_size, layers=m.layers, heads=m.heads,
@@ -148,11 +165,104 @@ def bench_mirror(src: Path, bucket_a: str, bucket_b: str, endpoint_b: str, work:
     return ours, plain
 
 
+def bench_version(model, ws, reader, engine, repeats: int) -> tuple[float, float]:
+    """(bytes, median seconds) of one version of `model`: save, publish, fetch, swap."""
+    from astraflow.models.hf import save_policy
+
+    carried = reader_files = None
+    times, size = [], 0
+    for i in range(repeats):
+        if carried is None:
+            from astraflow.models.hf import carried_files
+
+            reader_files = reader.load("p", 0)
+            carried = carried_files(reader_files)
+        t0 = time.perf_counter()
+        staged = ws.staging_dir("p")
+        save_policy(model, staged, source=carried)
+        v = ws.publish("p", staged, step=i + 1)
+        path = reader.load("p", v)
+        engine.load_weights(path)
+        times.append(time.perf_counter() - t0)
+        size = ws.manifest("p", v).total_bytes
+    return float(size), statistics.median(times)
+
+
+def bench_lora(src: Path, store: str, rank: int, repeats: int) -> dict[str, tuple[float, float]]:
+    """Full vs adapter versions of the model at `src` in a store at `store`."""
+    import torch
+
+    from astraflow.flow import LoraSpec
+    from astraflow.models.hf import load_policy
+    from astraflow.rollout.engine import HFEngine
+    from astraflow.stores import WeightStore
+
+    out = {}
+    for kind in ("full", "adapter"):
+        uri = f"{store}/{kind}-{uuid.uuid4().hex[:6]}"
+        ws, reader = WeightStore(uri), WeightStore(uri)
+        staged = ws.staging_dir("p")
+        shutil.copytree(src, staged, dirs_exist_ok=True)
+        ws.publish("p", staged, step=0, version=0)  # the base, held by workers all run
+        engine = HFEngine.from_dir(reader.load("p", 0))
+        model = load_policy(reader.load("p", 0),
+                            lora=LoraSpec(r=rank) if kind == "adapter" else None)
+        with torch.no_grad():  # trained-looking weights: B is zero at init
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn_like(p) * 1e-3)
+        out[kind] = bench_version(model, ws, reader, engine, repeats)
+    return out
+
+
+def main_lora(args) -> None:
+    import os
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from tests.s3server import MotoServer
+
+    torch.set_num_threads(1)
+    console = Console()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        os.environ["ASTRAFLOW_CACHE"] = str(work / "cache")
+        with MotoServer(work / "moto") as a:
+            os.environ.update(a.env())
+            bucket = a.create_bucket("bench-lora")
+            for size in args.sizes.split(","):
+                src = model_dir(size, work)
+                for store, uri in (("local", str(work / "store")), ("s3", f"s3://{bucket}")):
+                    res = bench_lora(src, uri, args.lora, args.repeats)
+                    (fb, fs), (ab, as_) = res["full"], res["adapter"]
+                    rows.append((size, store, fb, fs, ab, as_))
+                    console.print(f"{size:>7} {store:<5} full {fb / 1e6:8.2f} MB {fs * 1e3:8.1f} ms"
+                                  f"  adapter {ab / 1e6:6.2f} MB {as_ * 1e3:7.1f} ms  bytes "
+                                  f"{ab / fb:.4f}  seconds {as_ / fs:.3f}")
+    t = Table(title=f"one version of a LoRA (r={args.lora}) policy vs a full version: save + "
+                    f"publish + fetch + engine swap, median of {args.repeats}")
+    for col in ("model", "store", "full MB", "full ms", "adapter MB", "adapter ms",
+                "bytes ratio", "seconds ratio"):
+        t.add_column(col, justify="right")
+    for size, store, fb, fs, ab, as_ in rows:
+        t.add_row(size, store, f"{fb / 1e6:.2f}", f"{fs * 1e3:.1f}", f"{ab / 1e6:.3f}",
+                  f"{as_ * 1e3:.1f}", f"{ab / fb:.4f}", f"{as_ / fs:.3f}")
+    console.print(t)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--sizes", default="math,16m", help="comma list: math, or NNm parameters")
+    ap.add_argument("--sizes", default="math,16m",
+                    help="comma list: math, NNm parameters, or smollm2")
+    ap.add_argument("--lora", type=int, default=0, metavar="R",
+                    help="compare full versions with rank-R adapter versions instead")
     args = ap.parse_args()
+    if args.lora:
+        return main_lora(args)
 
     import os
 

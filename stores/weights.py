@@ -35,6 +35,9 @@ CACHE_KEEP = 4
 FORMAT = 1
 #: Only formats that cannot execute code when loaded.
 ALLOWED_SUFFIXES = (".safetensors", ".json", ".txt", ".jinja", ".md")
+#: In an adapter version: the version (of the same policy) whose weights it applies to
+#: (astraflow.models.lora.BASE_FILE). Version 0, which `prune` always keeps.
+BASE_FILE = "base.json"
 
 
 class WeightError(RuntimeError):
@@ -91,6 +94,8 @@ class WeightStore:
                  settings: S3Settings | None = None):
         self.objects = ObjectStore(root, retry_budget_s=retry_budget_s, settings=settings)
         self.root = self.objects.local() or Path(self.objects.uri)
+        #: Bases of adapter versions verified (and, on S3, fetched) by this store.
+        self._bases: set[tuple[str, int]] = set()
 
     @staticmethod
     def _rel(policy: str, version: int, name: str = "") -> str:
@@ -226,6 +231,7 @@ class WeightStore:
         d = self.dir(policy, version)
         if not self.objects.remote:
             self._verify(policy, version, man, d)
+            self._load_base(policy, version, man, d)
             return d
         self._download(policy, version, man, d, everything=refresh)
         try:
@@ -235,8 +241,22 @@ class WeightStore:
                 raise
             self._download(policy, version, man, d, everything=True)
             self._verify(policy, version, man, d)
+        self._load_base(policy, version, man, d)
         self._trim_cache(d.parent, version)
         return d
+
+    def _load_base(self, policy: str, version: int, man: Manifest, d: Path) -> None:
+        """An adapter version (astraflow.models.lora) is read with its base beside it:
+        verify (on S3: fetch) that base once per store, so a worker swapping
+        adapters pays for the base once, not per version."""
+        if BASE_FILE not in man.files:
+            return
+        base = int(json.loads((d / BASE_FILE).read_text())["version"])
+        if base == version:
+            raise WeightError(f"{policy} v{version} names itself as its base")
+        if (policy, base) not in self._bases:
+            self.load(policy, base)
+            self._bases.add((policy, base))
 
     @staticmethod
     def _trim_cache(policy_cache: Path, version: int) -> None:
@@ -294,7 +314,9 @@ class WeightStore:
         self, policy: str, *, keep_last: int, keep_every: int = 0, protect: set[int] | None = None
     ) -> list[int]:
         """Delete old versions, keeping the newest `keep_last`, every `keep_every`-th
-        (milestones for curves) and any in `protect` (named by a checkpoint)."""
+        (milestones for curves) and any in `protect` (named by a checkpoint).
+        Version 0 is always kept: it is every run's baseline, and the base that every
+        adapter version of a LoRA policy applies to (BASE_FILE)."""
         vs = self.versions(policy)
         keep = set(vs[-keep_last:]) if keep_last > 0 else set(vs)
         keep |= protect or set()

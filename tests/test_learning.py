@@ -115,11 +115,13 @@ def _warm_start(target: float = 0.3) -> tuple[torch.nn.Module, float]:
 
 
 def _rl(start: torch.nn.Module, *, steps: int, shuffle: bool, prompts: int = 8,
-        samples: int = 16) -> tuple[list[float], float]:
+        samples: int = 16, lr: float = 3e-4) -> tuple[list[float], float]:
     """GRPO on the tiny model; returns each step's mean reward (before shuffling) and
-    the final greedy accuracy."""
+    the final greedy accuracy. Only parameters that require grad train (a LoRA model:
+    its adapters)."""
     model = copy.deepcopy(start)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.99))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
+                            betas=(0.9, 0.99))
     engine = HFEngine(model, CODEC)
     rng, gen = random.Random(1), torch.Generator().manual_seed(1)
     ctx = StageContext(policy="p", version=0, step=0)

@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from safetensors import safe_open
 
+from astraflow.models import lora as lora_mod
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from astraflow.flow import ModelSpec
+    from astraflow.flow import LoraSpec, ModelSpec
 
 #: Files that are the policy's, not the weights': tokenizer, chat template, generation
 #: config. A version's copies are carried into the next version byte for byte.
@@ -118,7 +120,8 @@ def save_policy(model: PreTrainedModel, path: str | Path, *, source: Source,
                 max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> None:
     """Write one version: safetensors weights (sharded with an index above
     `max_shard_size`), config.json, and `source`'s tokenizer, chat template and
-    generation config, byte for byte.
+    generation config, byte for byte. A LoRA (peft) model writes only its adapters
+    and a pointer to their base (astraflow.models.lora).
 
     `source`: the version folder the model was loaded from, or its files already
     read (`carried_files`, `source_files`). It is required: a trainer that wrote a
@@ -130,7 +133,10 @@ def save_policy(model: PreTrainedModel, path: str | Path, *, source: Source,
                          f"got {sorted(files)}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(path), max_shard_size=max_shard_size)
+    if lora_mod.is_peft(model):
+        lora_mod.save_adapter(model, path)
+    else:
+        model.save_pretrained(str(path), max_shard_size=max_shard_size)
     for name, data in files.items():  # over save_pretrained's generation_config.json
         (path / name).write_bytes(data)
     for p in path.iterdir():  # what the weight store refuses never leaves this function
@@ -141,10 +147,27 @@ def save_policy(model: PreTrainedModel, path: str | Path, *, source: Source,
 
 
 def load_policy(path: str | Path, *, dtype: Dtype | torch.dtype = "auto",
-                device: str | torch.device = "cpu") -> PreTrainedModel:
+                device: str | torch.device = "cpu", lora: LoraSpec | None = None
+                ) -> PreTrainedModel:
     """A version (or any HF model folder or hub id) as an eval-mode model. Sharded or
-    single safetensors; tied embeddings are re-tied by transformers."""
-    return _from_pretrained(path, dtype=dtype, device=device, use_safetensors=True)
+    single safetensors; tied embeddings are re-tied by transformers.
+
+    An adapter version (astraflow.models.lora) is read with its base beside it. With
+    `lora` (the trainer of a LoRA policy) the result is a peft model whose adapters
+    alone require grad: the version's adapters, or fresh ones on a full version 0.
+    Without it (engines, evaluation) an adapter version comes back as a plain model
+    with the adapter merged into the weights."""
+    if lora_mod.is_adapter(path):
+        model = _from_pretrained(lora_mod.base_dir(path), dtype=dtype, device=device,
+                                 use_safetensors=True)
+        if lora is not None:
+            return lora_mod.load_trainable(model, path, lora).to(device)
+        lora_mod.MergedAdapter().apply(model, path, base_loaded=True)
+        return model
+    model = _from_pretrained(path, dtype=dtype, device=device, use_safetensors=True)
+    if lora is not None:
+        return lora_mod.wrap(model, lora, source=path).to(device)
+    return model
 
 
 def _from_pretrained(path: str | Path, *, dtype: Dtype | torch.dtype, device: str | torch.device,

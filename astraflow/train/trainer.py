@@ -120,14 +120,15 @@ class Trainer:
         latest = versions[-1]
         base = 0 if ckpt is None and 0 in versions else latest
         path = self.weights.load(self.policy, base)
-        self.model = load_policy(path, dtype=self.spec.model.dtype)
+        self.model = load_policy(path, dtype=self.spec.model.dtype, lora=self.spec.model.lora)
         self.model.train()
         self.codec = load_codec(path)
         # Tokenizer, chat template and generation config, carried into every version we
         # publish; read now, because the folder may be pruned (or leave the S3 cache).
         self.carried = carried_files(path)
         algo = self.spec.algorithm
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, betas=algo.betas,
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
+        self.opt = torch.optim.AdamW(trainable, lr=algo.lr, betas=algo.betas,
                                      weight_decay=algo.weight_decay)
         if ckpt is None:
             self.step = self.cursor = self.rows_consumed = self.optimizer_steps = 0

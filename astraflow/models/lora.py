@@ -1,0 +1,230 @@
+"""LoRA policies: adapters trained on a frozen base, published as adapters only.
+
+    version 0 (full weights, never pruned) ◄──base.json── v1, v2, … (adapter only)
+         │                                                  │
+         └──► trainer: base + trainable adapters (peft) ◄───┘ (resume)
+         └──► hf engine: base weights + (alpha / r) * B @ A, merged in place
+         └──► vllm engine: base model + LoRARequest(adapter folder)
+
+Why: an 8B policy's version is 16 GB; its rank-16 adapter is tens of MB. A
+version that holds only the adapter makes publishing, cross-region mirroring
+and worker reloads cost the adapter, not the model. The price: an adapter is
+meaningless without the exact base, so every adapter version names its base
+(`base.json`: a version of the same policy, always version 0, which the weight
+store never prunes) and is read from a folder beside it (the store's layout,
+local or the S3 download cache, `<policy>/v<NNNNNNNN>/`).
+
+A version folder is an adapter exactly when it holds `adapter_config.json`; it
+then has no `config.json`, so nothing loads it as a whole model by mistake.
+peft is imported only where an adapter is built or trained; merging reads the
+safetensors directly, so engines need only torch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors import safe_open
+
+if TYPE_CHECKING:
+    from astraflow.flow import LoraSpec
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+BASE_FILE = "base.json"
+#: The version every adapter applies to: a policy's version 0 is its pretrained (or
+#: warm-started) model, the one version the weight store never prunes.
+BASE_VERSION = 0
+_VERSION_DIR = re.compile(r"v(\d{8})")
+#: peft's key of a LoRA factor: `base_model.model.<module>.lora_{A,B}.weight`.
+_LORA_KEY = re.compile(r"^base_model\.model\.(.+)\.lora_([AB])\.weight$")
+
+
+def is_adapter(path: str | Path) -> bool:
+    """Whether a version folder holds an adapter (rather than whole weights)."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def is_peft(model: torch.nn.Module) -> bool:
+    """Whether a model carries peft adapters (without importing peft)."""
+    return hasattr(model, "peft_config")
+
+
+def version_dir(version: int) -> str:
+    """A version's folder name in the weight store (`WeightStore._rel`)."""
+    return f"v{version:08d}"
+
+
+def base_version(path: str | Path) -> int:
+    """The version an adapter folder applies to (its `base.json`)."""
+    f = Path(path) / BASE_FILE
+    if not f.is_file():
+        raise FileNotFoundError(f"{path} is an adapter without {BASE_FILE}: it names no base, "
+                                f"so it cannot be applied")
+    return int(json.loads(f.read_text())["version"])
+
+
+def base_dir(path: str | Path) -> Path:
+    """The base model folder of an adapter folder: its sibling `v<base>` (the weight
+    store and its S3 download cache both keep a policy's versions side by side)."""
+    path = Path(path)
+    d = path.parent / version_dir(base_version(path))
+    if not (d / "config.json").is_file():
+        raise FileNotFoundError(f"the base of adapter {path} ({d.name}) is not at {d}: load it "
+                                f"through the weight store, which fetches the base with it")
+    return d
+
+
+def _peft():
+    """peft, or an ImportError that says how to get it."""
+    try:
+        import peft
+    except ImportError as err:
+        raise ImportError("model.lora trains adapters with peft, which is not installed: "
+                          "pip install 'astraflow[lora]'") from err
+    return peft
+
+
+def lora_config(spec: LoraSpec):
+    """peft's LoraConfig for the flow's `model.lora`."""
+    LoraConfig = _peft().LoraConfig  # noqa: N806
+
+    return LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
+                      target_modules=list(spec.target_modules), bias="none",
+                      task_type="CAUSAL_LM")
+
+
+def wrap(model: torch.nn.Module, spec: LoraSpec, source: str | Path | None = None, *,
+         seed: int = 0) -> torch.nn.Module:
+    """Fresh adapters on a full model (B = 0: the wrapped model computes exactly what
+    the base does); only the adapters require grad. A's random init is drawn from
+    `seed`, not the global RNG, so a run starts from the same adapters whatever ran
+    before it (and the global RNG is left as it was). `source`: the folder the model
+    came from; adapters must start on the base their versions will name."""
+    get_peft_model = _peft().get_peft_model
+
+    if source is not None and (m := _VERSION_DIR.fullmatch(Path(source).name)) \
+            and int(m.group(1)) != BASE_VERSION:
+        raise ValueError(f"LoRA adapters start on version {BASE_VERSION} of a policy (the base "
+                         f"every adapter version names); {source} is a later full version. Turn "
+                         f"model.lora on for a fresh run, or off to continue full fine-tuning")
+    with torch.random.fork_rng():  # CPU and every CUDA device
+        torch.manual_seed(seed)
+        return get_peft_model(model, lora_config(spec))
+
+
+def load_trainable(model: torch.nn.Module, path: str | Path, spec: LoraSpec) -> torch.nn.Module:
+    """The base `model` with the adapters of version folder `path`, trainable."""
+    PeftModel = _peft().PeftModel  # noqa: N806
+
+    saved = json.loads((Path(path) / ADAPTER_CONFIG).read_text())
+    want = lora_config(spec)
+    got = (saved["r"], float(saved["lora_alpha"]), sorted(saved["target_modules"]))
+    if got != (want.r, float(want.lora_alpha), sorted(want.target_modules)):
+        raise ValueError(f"the adapter at {path} has r={got[0]}, alpha={got[1]}, targets "
+                         f"{got[2]}; the flow's model.lora asks r={want.r}, alpha="
+                         f"{want.lora_alpha}, targets {sorted(want.target_modules)}: adapters "
+                         f"cannot change shape mid-run")
+    return PeftModel.from_pretrained(model, str(path), is_trainable=True)
+
+
+def save_adapter(model: torch.nn.Module, path: str | Path) -> None:
+    """Write the adapters of a peft model (adapter_model.safetensors and
+    adapter_config.json; no base weights) and the pointer to their base."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    # What peft's save_pretrained writes for a LoRA without bias (factors keyed without
+    # the adapter name), minus its model card and checks, which took ~1 s a version.
+    name = _adapter_name(model)
+    tensors = {}
+    for key, value in model.state_dict().items():
+        if ".lora_A." in key or ".lora_B." in key:
+            tensors[key.replace(f".{name}.", ".")] = value.detach().contiguous()
+    save_file(tensors, str(path / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    model.peft_config[name].save_pretrained(str(path))
+    (path / BASE_FILE).write_text(json.dumps({"version": BASE_VERSION}) + "\n")
+
+
+def _adapter_name(model: torch.nn.Module) -> str:
+    names = list(model.peft_config)
+    if len(names) != 1:
+        raise ValueError(f"a policy trains one adapter; this model has {names}")
+    return names[0]
+
+
+def deltas(path: str | Path) -> dict[str, torch.Tensor]:
+    """What an adapter folder adds to each weight it targets: `{<module>.weight:
+    (alpha / r) * B @ A}` (float32), exactly peft's merge of a plain LoRA.
+    Adapter variants whose merge differs (DoRA, rsLoRA scaling, transposed
+    fan_in_fan_out weights) are refused rather than merged wrongly."""
+    path = Path(path)
+    cfg = json.loads((path / ADAPTER_CONFIG).read_text())
+    odd = [k for k in ("use_dora", "use_rslora", "fan_in_fan_out") if cfg.get(k)]
+    if odd or cfg.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"{path}: {cfg.get('peft_type')} adapter with {odd} set; only plain "
+                         f"LoRA adapters (as the trainer writes) can be merged")
+    scale = float(cfg["lora_alpha"]) / float(cfg["r"])
+    factors: dict[str, dict[str, torch.Tensor]] = {}
+    with safe_open(str(path / ADAPTER_WEIGHTS), framework="pt") as st:
+        for key in st.keys():
+            m = _LORA_KEY.match(key)
+            if m is None:
+                raise ValueError(f"{path}: unexpected tensor {key} in {ADAPTER_WEIGHTS} (only "
+                                 f"lora_A/lora_B factors can be merged)")
+            factors.setdefault(m.group(1), {})[m.group(2)] = st.get_tensor(key).float()
+    out = {}
+    for module, ab in factors.items():
+        if set(ab) != {"A", "B"}:
+            raise ValueError(f"{path}: {module} has lora_{''.join(ab)} only")
+        out[f"{module}.weight"] = (ab["B"] @ ab["A"]) * scale
+    return out
+
+
+class MergedAdapter:
+    """Holds a plain model at base + one adapter, merged into the weights.
+
+    The targeted base weights are kept aside (a copy of only those tensors) so the
+    next version's adapter merges onto the exact base, not onto the previous
+    merge: no drift over hundreds of versions, and a version swap costs the
+    adapter's size, not the model's."""
+
+    def __init__(self) -> None:
+        self.base: Path | None = None
+        self.saved: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def apply(self, model: torch.nn.Module, path: str | Path, *, base_loaded: bool = False
+              ) -> None:
+        """Set `model` to the base of `path` plus its adapter. `base_loaded`: the
+        model holds exactly that base already (it was just loaded from it)."""
+        from astraflow.models.hf import load_weights_into
+
+        bdir = base_dir(path).resolve()
+        if bdir != self.base:
+            if not base_loaded:
+                load_weights_into(model, bdir)
+            self.base, self.saved = bdir, {}
+        params = model.state_dict(keep_vars=True)
+        add = deltas(path)
+        missing = sorted(set(add) - set(params))
+        if missing:
+            raise RuntimeError(f"adapter {path} targets weights the model lacks: {missing[:5]}")
+        for name, base in self.saved.items():  # the previous adapter's targets back to base
+            if name not in add:
+                params[name].copy_(base)
+        for name, delta in add.items():
+            target = params[name]
+            if tuple(delta.shape) != tuple(target.shape):
+                raise RuntimeError(f"adapter {path}: {name} delta {tuple(delta.shape)} vs weight "
+                                   f"{tuple(target.shape)}")
+            base = self.saved.setdefault(name, target.detach().clone())
+            target.copy_((base.float() + delta).to(target.dtype))
+
+    def forget(self) -> None:
+        """A full version was loaded: nothing of ours is merged any more."""
+        self.base, self.saved = None, {}
