@@ -164,6 +164,10 @@ def make_app(state: State, *, poll_s: float | None = None):
     def plotly() -> FileResponse:
         return FileResponse(js, media_type="text/javascript")
 
+    @app.get("/favicon.ico")
+    def favicon() -> Response:
+        return Response(status_code=204)
+
     @app.get("/api/state")
     def api_state() -> Response:
         return Response(state.get(), media_type="application/json")
@@ -180,6 +184,7 @@ def serve(ctx: RunContext, *, port: int = 8765, refresh_s: float = 5.0,
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
+    sock.listen(128)  # connections wait in the backlog until uvicorn serves them
     stop = threading.Event()
     if audit_every_s > 0:
         threading.Thread(target=state.audit_loop, args=(stop,), daemon=True).start()

@@ -11,6 +11,7 @@ staging); it is recomputed here from the row's whole group with the flow's own
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,7 @@ def query(ctx: RunContext, policy: str, *, version: int | None = None, where: st
         keys = read()
     except Exception as err:  # lance's parser/planner errors: ValueError, OSError, ...
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+        msg = re.sub(r",\s*/\S+\.rs:\d+:\d+", "", msg)  # lance's Rust source location
         raise InspectError(f"bad --where filter {where!r} on {table_name(policy)}: {msg}") from None
     if keys.num_rows == 0:
         return keys

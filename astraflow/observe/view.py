@@ -129,14 +129,21 @@ class RunView:
             s.values.append(float(r["value"]))
 
     def _read_rows(self, policy: str) -> None:
-        after = self._traj_v[policy]
+        table, after = self._traj.table(policy), self._traj_v[policy]
+
+        def read() -> tuple[int, pa.Table | None]:
+            ds = _lance.latest_dataset(table)
+            top = int(ds.version)
+            if top <= after:
+                return top, None
+            return top, ds.to_table(columns=[*EPISODE, _lance.CREATED_AT_VERSION],
+                                    filter=f"{_lance.CREATED_AT_VERSION} > {after} AND "
+                                           f"{_lance.CREATED_AT_VERSION} <= {top}")
+
         self.reads[f"traj_{policy}"] += 1
-        top = self._traj.latest_version(policy)
-        if top <= after:
-            return
-        new = self._traj.read_range(policy, after, top, columns=EPISODE)
+        top, new = self._traj._read(policy, read, "read")
         self._traj_v[policy] = top
-        if new.num_rows == 0:
+        if new is None or new.num_rows == 0:
             return
         new = new.sort_by([(_lance.CREATED_AT_VERSION, "ascending")])
         pr = self.rows[policy]

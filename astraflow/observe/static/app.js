@@ -1,7 +1,9 @@
 // The dashboard page: poll /api/state, redraw with Plotly.react (no framework needed).
 "use strict";
 const POLL_MS = Number(document.body.dataset.pollMs) || 2500;
-const LAYOUT = { margin: { l: 48, r: 12, t: 32, b: 36 }, legend: { orientation: "h", y: -0.2 },
+const LAYOUT = { margin: { l: 48, r: 12, t: 32, b: 40 },
+                 legend: { orientation: "h", x: 1, xanchor: "right", y: 1.0, yanchor: "bottom",
+                           bgcolor: "rgba(255,255,255,0)" },
                  font: { size: 11 } };
 
 function chart(id, title) {
@@ -16,7 +18,7 @@ function chart(id, title) {
 
 function draw(id, title, traces, xtitle, ytitle) {
   const el = chart(id, title);
-  Plotly.react(el, traces, { ...LAYOUT, title: { text: title, font: { size: 13 } },
+  Plotly.react(el, traces, { ...LAYOUT, title: { text: title, x: 0.01, xanchor: "left", font: { size: 13 } },
     xaxis: { title: { text: xtitle } }, yaxis: { title: { text: ytitle } } },
     { displaylogo: false, responsive: true });
   el.dataset.points = String(traces.reduce((n, t) => n + t.x.length, 0));
@@ -43,7 +45,7 @@ function render(s) {
       (100 * m.heldout).toFixed(1) + "%"}<br>${fmt(m.rows_per_s, 1)} rows/s · staleness
       ${fmt(m.staleness, 2)} · trainer wait ${m.trainer_wait === null ? "—" :
       Math.round(100 * m.trainer_wait) + "%"} · shed ${m.rows_shed}</div>`);
-    draw(`reward-${p}`, `${p}: reward and held-out`, [
+    draw(`reward-${p}`, `${p}`, [
       { x: d.reward.x, y: d.reward.y, name: "train reward (trainer step)", mode: "lines" },
       { x: d.heldout.x, y: d.heldout.y, name: "held-out (weight version)", mode: "lines+markers",
         xaxis: "x", yaxis: "y" },
@@ -56,7 +58,7 @@ function render(s) {
   draw("trainer-wait", "trainer wait per step", waits, "trainer step", "seconds");
   draw("workers", "workers per pool (committed rows in each 5 s)",
        Object.entries(s.pools).map(([pool, d]) => ({ x: d.t, y: d.n, name: pool,
-         mode: "lines", line: { shape: "hv" } })), "seconds since the run's first row", "workers");
+         mode: "lines", line: { shape: "hv" } })), "seconds since the run's first record", "workers");
 
   document.querySelector("#episodes tbody").innerHTML = s.episodes.map((e) =>
     `<tr><td>${esc(e.policy)}</td><td>${e.version}</td><td>${fmt(e.reward, 2)}</td>
