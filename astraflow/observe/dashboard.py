@@ -190,7 +190,8 @@ def serve(ctx: RunContext, *, port: int = 8765, refresh_s: float = 5.0,
         threading.Thread(target=state.audit_loop, args=(stop,), daemon=True).start()
     echo(f"dashboard of {ctx.flow.name} on http://127.0.0.1:{sock.getsockname()[1]}/ "
          f"(Ctrl-C stops)")
-    server = uvicorn.Server(uvicorn.Config(make_app(state), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(make_app(state), log_level="warning",
+                                           loop="asyncio"))
     try:
         server.run(sockets=[sock])
     finally:

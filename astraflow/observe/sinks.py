@@ -117,7 +117,9 @@ class WandbSink:
             project=project or os.environ.get("WANDB_PROJECT") or "astraflow",
             name=ctx.flow.name, id=run_id or wandb_run_id(ctx), resume="allow",
             config=ctx.flow.model_dump(mode="json"), job_type="rl",
-            dir=os.environ.get("WANDB_DIR") or str(ctx.run_dir))
+            dir=os.environ.get("WANDB_DIR") or str(ctx.run_dir),
+            # The launcher's console is the user's progress display: W&B must not wrap it.
+            settings=wandb.Settings(console="off"))
         self._defined: set[str] = set()
 
     def write(self, points: list[Point]) -> None:
