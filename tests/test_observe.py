@@ -243,3 +243,20 @@ def test_trajectory_schema_is_what_inspect_reads():
     from astraflow.observe.view import EPISODE, LIGHT
 
     assert set(EPISODE) | set(LIGHT) <= set(TRAJECTORY_SCHEMA.names)
+
+
+def test_dashboard_assets_ship_in_the_package():
+    """The page works offline: its files are package data, plotly.min.js comes from the
+    plotly wheel (the `dashboard` extra)."""
+    import tomllib
+    from pathlib import Path
+
+    from astraflow.observe.dashboard import STATIC, plotly_js
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = tomllib.loads((root / "pyproject.toml").read_text())
+    assert "astraflow.observe" in cfg["tool"]["setuptools"]["packages"]
+    assert cfg["tool"]["setuptools"]["package-data"]["astraflow.observe"] == ["static/*"]
+    assert {p.name for p in STATIC.iterdir()} >= {"index.html", "app.js"}
+    assert plotly_js().stat().st_size > 1_000_000
+    assert "plotly" in " ".join(cfg["project"]["optional-dependencies"]["dashboard"])

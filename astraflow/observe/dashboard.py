@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import socket
 import threading
 import time
@@ -44,8 +45,13 @@ def plotly_js() -> Path:
     return path
 
 
+def _finite(v: Any) -> Any:
+    """JSON has no NaN or infinity (browsers refuse the whole document): null instead."""
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
 def _xy(s, x: str = "steps") -> dict[str, list]:
-    return {"x": getattr(s, x)[-MAX_POINTS:], "y": s.values[-MAX_POINTS:]}
+    return {"x": getattr(s, x)[-MAX_POINTS:], "y": [_finite(v) for v in s.values[-MAX_POINTS:]]}
 
 
 class State:
@@ -95,7 +101,7 @@ class State:
         for p in v.policies:
             g = v.get
             policies[p] = {
-                "summary": policy_summary(v, p),
+                "summary": {k: _finite(x) for k, x in policy_summary(v, p).items()},
                 "reward": _xy(g("trainer", p, "reward_mean")),
                 "rollout_reward": _xy(g("rollout", p, "reward_mean"),
                                       "times") | {"t0": t0},
