@@ -153,19 +153,139 @@ def eval_(
 
 
 @app.command()
-def status(run_dir: RunTarget) -> None:
-    """Steps, rows and versions of each policy of a run, read from its store."""
+def status(
+    run_dir: RunTarget,
+    as_json: Annotated[bool, typer.Option("--json", help="ledger totals per policy as JSON "
+                                                        "(the shape is in the README)")] = False,
+    watch: Annotated[float | None, typer.Option(help="refresh every this many seconds "
+                                                     "until Ctrl-C")] = None,
+) -> None:
+    """A run's progress per policy (step, version, reward and held-out metric with their
+    trend, rows/s, staleness, trainer wait), its components and rollout pools; read from
+    its store, so it works from any machine for a cloud run."""
     ctx = _open(run_dir, "status", quiet=True)
-    from astraflow.report import ledger_totals
+    from rich.console import Console
 
-    out: dict[str, dict] = {}
-    for pol in ctx.flow.policy_names():
-        totals: dict = dict(ledger_totals(ctx, pol))
-        totals["weight_versions"] = ctx.weights().versions(pol)[-5:]
-        totals["trajectory_rows"] = ctx.trajectories().count(pol)
-        out[pol] = totals
-    # One policy: its totals at the top level (as before); several: keyed by policy.
-    typer.echo(json.dumps(next(iter(out.values())) if len(out) == 1 else out, indent=2))
+    from astraflow.observe.status import render, status_json
+    from astraflow.observe.view import RunView
+
+    view = RunView(ctx)
+    if as_json:
+        typer.echo(json.dumps(status_json(view.refresh()), indent=2))
+        return
+    console = Console()
+    if watch is None:
+        console.print(render(view.refresh()))
+        return
+    import time
+
+    from rich.live import Live
+
+    with Live(render(view.refresh()), console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(max(watch, 0.5))
+                live.update(render(view.refresh()), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+@app.command()
+def inspect(
+    run_dir: RunTarget,
+    policy: Annotated[str | None, typer.Option(help="policy (default: the flow's first)")] = None,
+    version: Annotated[int | None, typer.Option(help="only rows sampled by this weight "
+                                                     "version")] = None,
+    where: Annotated[str | None, typer.Option(help="SQL filter on the trajectory table, e.g. "
+                                                   "\"reward < 1 AND worker = 'w0'\"")] = None,
+    limit: Annotated[int, typer.Option(help="newest this many episodes")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per episode")] = False,
+) -> None:
+    """Read a run's newest episodes, decoded: prompt, each turn (generated, or read: tool
+    results, other roles), reward, advantage, finish reason, behaviour version."""
+    ctx = _open(run_dir, "inspect", quiet=True)
+    from rich.console import Console
+
+    from astraflow.observe.inspect import InspectError, decode, query, render
+
+    pol = policy or ctx.flow.policy_names()[0]
+    try:
+        eps = decode(ctx, pol, query(ctx, pol, version=version, where=where, limit=limit))
+    except InspectError as err:
+        _fail(str(err))
+    if as_json:
+        for ep in eps:
+            typer.echo(json.dumps(ep.to_json()))
+        return
+    console = Console()
+    for ep in eps:
+        console.print(render(ep))
+    console.print(f"{len(eps)} episode(s) of {pol}" + (f" where {where}" if where else "")
+                  + (f" at v{version}" if version is not None else ""), style="dim")
+
+
+@app.command()
+def export(
+    run_dir: RunTarget,
+    to: Annotated[str, typer.Option("--to", help="tensorboard | wandb")],
+    logdir: Annotated[Path | None, typer.Option(help="TensorBoard folder (default: "
+                                                     "<run folder>/tensorboard-export)")] = None,
+    run_id: Annotated[str | None, typer.Option(help="W&B run id (default: a new run)")] = None,
+    follow: Annotated[bool, typer.Option(help="keep following the run's new metrics "
+                                              "until Ctrl-C")] = False,
+    interval: Annotated[float, typer.Option(help="seconds between reads with --follow")] = 5.0,
+) -> None:
+    """Replay a run's metrics table (finished, live, or remote) into TensorBoard event
+    files or a W&B run."""
+    ctx = _open(run_dir, "export", quiet=True)
+    import time
+
+    from astraflow.observe import sinks
+
+    try:
+        if to == "tensorboard":
+            out = logdir or ctx.run_dir / "tensorboard-export"
+            sink: sinks.Sink = sinks.TensorBoardSink(out)
+            where = str(out)
+        elif to == "wandb":
+            import uuid
+
+            sink = sinks.WandbSink(ctx, run_id=run_id or f"{sinks.wandb_run_id(ctx)}-"
+                                                          f"{uuid.uuid4().hex[:6]}")
+            where = f"W&B run {sink.run.id}"
+        else:
+            _fail(f"--to takes tensorboard or wandb, not {to!r}")
+    except ImportError as err:
+        _fail(f"{err.name} is not installed: pip install -e '.[{to}]'")
+    follower = sinks.Follower(ctx, [sink])
+    follower.poll()
+    try:
+        while follow:
+            time.sleep(interval)
+            follower.poll()
+    except KeyboardInterrupt:
+        pass
+    follower.close()
+    if follower.sinks[0] is None:
+        _fail(f"export to {to} failed (see the warnings above)")
+    typer.echo(f"exported {follower.points} points to {where}")
+
+
+@app.command()
+def dashboard(
+    run_dir: RunTarget,
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1 (0: any free one)")] = 8765,
+    refresh: Annotated[float, typer.Option(help="seconds between store reads")] = 5.0,
+    audit_every: Annotated[float, typer.Option(help="seconds between audits (0: never)")] = 120.0,
+) -> None:
+    """A live web page of a run on 127.0.0.1 (works offline): curves per policy, workers
+    per pool, staleness, the newest episodes and the audit's verdict."""
+    ctx = _open(run_dir, "dashboard", quiet=True)
+    try:
+        from astraflow.observe.dashboard import serve
+    except ImportError as err:
+        _fail(f"{err.name} is not installed: pip install -e '.[dashboard]'")
+    serve(ctx, port=port, refresh_s=refresh, audit_every_s=audit_every, echo=typer.echo)
 
 
 @app.command()

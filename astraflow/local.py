@@ -27,6 +27,7 @@ from rich.console import Console
 
 from astraflow.evaluate import Evaluator
 from astraflow.flow import FlowError, FlowSpec
+from astraflow.observe.sinks import launcher_follower
 from astraflow.report import ledger_totals, plot, write_summary
 from astraflow.run import RESOLVED, RunContext
 from astraflow.stores import Ledger, WeightError
@@ -88,6 +89,7 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
     for p, ev in evaluators.items():
         console.print(f"held-out {ev.metric} of {p} v0: {acc0[p]:.1%} on {len(ev.items)} items")
     ledger = ctx.ledger()
+    sinks = launcher_follower(ctx)  # TensorBoard (and W&B when configured), from the store
     sup = Supervisor(components(ctx), state_path=ctx.run_dir / "components.json",
                      zygote_log=ctx.run_dir / "logs" / "zygote.log")
     stop_requested = {"flag": False}
@@ -136,6 +138,7 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
                 last_show = now
                 _show(console, now - t0, latest, live, max_steps=flow.stop.max_steps,
                       time_left_s=deadline - now)
+                sinks.poll()
             if now - last_eval >= flow.stop.eval_every_s:
                 point = live_eval(ctx, ledger, evaluators, flow.stop.live_eval_size)
                 if point is not None:
@@ -151,6 +154,7 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
                 last_maint = time.time()
     finally:
         sup.stop_all()
+        sinks.close()  # the last rows the components logged, then flush
         for s, h in old.items():
             signal.signal(s, h)
     t_end = time.time()

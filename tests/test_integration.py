@@ -77,7 +77,7 @@ def test_short_flow_through_cli(tmp_path, mode):
         assert workers and workers <= {"w0", "w1"}
 
     # status reads the same store
-    st = subprocess.run([sys.executable, "-m", "astraflow.cli", "status", str(run_dir)],
+    st = subprocess.run([sys.executable, "-m", "astraflow.cli", "status", str(run_dir), "--json"],
                         capture_output=True, text=True, timeout=60)
     assert st.returncode == 0, st.stderr
     assert json.loads(st.stdout)["steps"] == 8

@@ -220,7 +220,7 @@ def test_cloud_style_run_with_a_worker_reading_a_replica(two_stores, servers, tm
                     os.kill(p.pid, signal.SIGKILL)
                     p.wait()
     assert procs["rollout"].returncode == 0, (logs / "rollout.log").read_text()[-3000:]
-    st = subprocess.run([*cmd, "status", uri], cwd=tmp_path, env=env, capture_output=True,
+    st = subprocess.run([*cmd, "status", uri, "--json"], cwd=tmp_path, env=env, capture_output=True,
                         text=True, timeout=120)
     assert st.returncode == 0 and json.loads(st.stdout)["steps"] == 6, st.stdout + st.stderr
     ctx = RunContext.open(uri, runs_root=tmp_path / "check")

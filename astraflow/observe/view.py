@@ -1,0 +1,204 @@
+"""RunView: what a run is doing, read from its store incrementally.
+
+Why incremental: status --watch, the dashboard and the metric follower poll a
+live run. Re-reading whole tables every refresh would cost the store (and the
+trainer sharing its disk or bucket) more as the run grows. Each refresh reads
+every table at most once, and only the commits after the last one it saw
+(rows carry the table version that created them, `_row_created_at_version`).
+`reads` counts those reads per table so tests can hold us to it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from astraflow.run import RunContext
+from astraflow.stores import _lance
+from astraflow.stores.ledger import Progress
+
+#: Columns kept for every trajectory row (cheap): who produced it, when, how it scored.
+LIGHT = ["worker", "region", "created_at", "behavior_version", "reward"]
+#: Columns of the newest episodes shown on the dashboard.
+EPISODE = ["traj_id", "group_id", "policy", "behavior_version", "reward", "task_id", "worker",
+           "region", "created_at", "extras", "prompt_ids", "completion_ids", "loss_mask"]
+
+
+def pool_of(worker: str, region: str) -> str:
+    """A worker's pool: autoscaled workers are named `<pool>-x<n>` (astraflow.scale);
+    others are grouped by the region they reported, or `local`."""
+    m = re.match(r"(.+)-x\d+$", worker)
+    return m.group(1) if m else (region or "local")
+
+
+@dataclass
+class Series:
+    """One metric of one component and policy, in commit order."""
+
+    steps: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+
+    def last(self) -> float | None:
+        return self.values[-1] if self.values else None
+
+    def trend(self, k: int = 5) -> float | None:
+        """Mean of the last `k` points minus the mean of the `k` before them."""
+        if len(self.values) < 2:
+            return None
+        k = min(k, len(self.values) // 2)
+        a, b = self.values[-2 * k:-k], self.values[-k:]
+        return sum(b) / len(b) - sum(a) / len(a)
+
+
+@dataclass
+class PolicyRows:
+    """Light columns of every row of one trajectory table, plus the newest full rows."""
+
+    times: list[float] = field(default_factory=list)
+    workers: list[str] = field(default_factory=list)
+    pools: list[str] = field(default_factory=list)
+    newest: deque = field(default_factory=lambda: deque(maxlen=20))
+
+
+class RunView:
+    """The observable state of one run, refreshed on demand."""
+
+    def __init__(self, ctx: RunContext, *, episodes: int = 20):
+        self.ctx = ctx
+        self.policies = ctx.flow.policy_names()
+        self._ledger = ctx.ledger()
+        self._traj = ctx.trajectories()
+        self._weights = ctx.weights()
+        self.reads: Counter[str] = Counter()
+        self.refreshes = 0
+        self.refreshed_at = 0.0
+        self.series: dict[tuple[str, str, str], Series] = defaultdict(Series)
+        """(component, policy, name) -> series. Scale rows use the pool as policy."""
+        self.rows: dict[str, PolicyRows] = {
+            p: PolicyRows(newest=deque(maxlen=episodes)) for p in self.policies}
+        self.progress: dict[str, Progress | None] = {}
+        self.versions: dict[str, list[int]] = {}
+        self.components: dict[str, dict[str, Any]] | None = None
+        self._metrics_v = 0
+        self._traj_v = dict.fromkeys(self.policies, 0)
+
+    # -- reading ---------------------------------------------------------------
+    def refresh(self) -> RunView:
+        """Read what was committed since the last refresh: each table once."""
+        self._read_metrics()
+        for p in self.policies:
+            self._read_rows(p)
+            self.reads[f"progress/{p}"] += 1
+            self.progress[p] = self._ledger.progress(p)
+            self.reads[f"weights/{p}"] += 1
+            self.versions[p] = self._weights.versions(p)
+        self._read_components()
+        self.refreshes += 1
+        self.refreshed_at = time.time()
+        return self
+
+    def _read_metrics(self) -> None:
+        table, after = self._ledger.metrics, self._metrics_v
+
+        def read() -> tuple[int, pa.Table | None]:
+            ds = _lance.latest_dataset(table)
+            top = int(ds.version)
+            if top <= after:
+                return top, None
+            return top, ds.to_table(filter=f"{_lance.CREATED_AT_VERSION} > {after} AND "
+                                           f"{_lance.CREATED_AT_VERSION} <= {top}",
+                                    columns=["time", "component", "policy", "step", "name",
+                                             "value", _lance.CREATED_AT_VERSION])
+
+        self.reads["metrics"] += 1
+        top, new = self._ledger._read(read, "reading metrics")
+        self._metrics_v = top
+        if new is None:
+            return
+        for r in sorted_rows(new):
+            s = self.series[(r["component"], r["policy"], r["name"])]
+            s.steps.append(int(r["step"]))
+            s.times.append(float(r["time"]))
+            s.values.append(float(r["value"]))
+
+    def _read_rows(self, policy: str) -> None:
+        table, after = self._traj.table(policy), self._traj_v[policy]
+
+        def read() -> tuple[int, pa.Table | None]:
+            ds = _lance.latest_dataset(table)
+            top = int(ds.version)
+            if top <= after:
+                return top, None
+            return top, ds.to_table(columns=[*EPISODE, _lance.CREATED_AT_VERSION],
+                                    filter=f"{_lance.CREATED_AT_VERSION} > {after} AND "
+                                           f"{_lance.CREATED_AT_VERSION} <= {top}")
+
+        self.reads[f"traj_{policy}"] += 1
+        top, new = self._traj._read(policy, read, "read")
+        self._traj_v[policy] = top
+        if new is None or new.num_rows == 0:
+            return
+        new = new.sort_by([(_lance.CREATED_AT_VERSION, "ascending")])
+        pr = self.rows[policy]
+        light = new.select(["worker", "region", "created_at"]).to_pydict()
+        for w, reg, t in zip(light["worker"], light["region"], light["created_at"], strict=True):
+            pr.times.append(t.timestamp())
+            pr.workers.append(w)
+            pr.pools.append(pool_of(w, reg))
+        tail = new.slice(max(0, new.num_rows - (pr.newest.maxlen or 20)))
+        pr.newest.extend(tail.drop_columns([_lance.CREATED_AT_VERSION]).to_pylist())
+
+    def _read_components(self) -> None:
+        path = self.ctx.run_dir / "components.json"
+        if not path.exists():
+            self.components = None  # a cloud run: no launcher on this machine tracks them
+            return
+        try:
+            self.components = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):  # being replaced this instant: keep the last
+            pass
+
+    # -- derived ---------------------------------------------------------------
+    def get(self, component: str, policy: str, name: str) -> Series:
+        return self.series.get((component, policy, name)) or Series()
+
+    def workers_per_pool(self, policy: str | None = None, *, bin_s: float = 10.0,
+                         ) -> dict[str, tuple[list[float], list[int]]]:
+        """Distinct workers that committed rows in each `bin_s` window, per pool."""
+        seen: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+        for p in [policy] if policy else self.policies:
+            pr = self.rows[p]
+            for t, w, pool in zip(pr.times, pr.workers, pr.pools, strict=True):
+                seen[pool][int(t // bin_s)].add(w)
+        out = {}
+        for pool, bins in seen.items():
+            lo, hi = min(bins), max(bins)
+            xs = list(range(lo, hi + 1))
+            out[pool] = ([b * bin_s for b in xs], [len(bins.get(b, ())) for b in xs])
+        return out
+
+    def live_workers(self, window_s: float = 60.0) -> dict[str, set[str]]:
+        """Workers per pool that committed rows in the last `window_s` of the run."""
+        end = max((pr.times[-1] for pr in self.rows.values() if pr.times), default=0.0)
+        out: dict[str, set[str]] = defaultdict(set)
+        for pr in self.rows.values():
+            for t, w, pool in zip(reversed(pr.times), reversed(pr.workers),
+                                  reversed(pr.pools), strict=True):
+                if t < end - window_s:
+                    break
+                out[pool].add(w)
+        return dict(out)
+
+
+def sorted_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """Metrics rows in commit order (then time): the order they were logged in."""
+    rows = table.to_pylist()
+    rows.sort(key=lambda r: (r.get(_lance.CREATED_AT_VERSION, 0), r["time"]))
+    return rows
