@@ -255,7 +255,7 @@ def test_readme_quickstart_has_exactly_two_commands() -> None:
     # The test command installs dev (+ launch for the task-file and Modal tests) and
     # builds the vLLM environment before pytest.
     assert re.fullmatch(r"pip install torch==\S+ -e '\.\[dev(,launch)?\]'"
-                        r"( && bash scripts/setup-vllm-env\.sh)? && python -m pytest.*",
+                        r"( && bash scripts/setup-(vllm|test)-env\.sh)? && python -m pytest.*",
                         test_cmd), test_cmd
 
 
