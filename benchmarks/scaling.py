@@ -187,7 +187,7 @@ def spot_floor(pools: tuple[Pool, ...]) -> float:
 
 
 BANDS = (0.2, 0.1, 0.05, 0.03, 0.02)  # dead band `high`; low = high / 4
-BANDS_FLOORED = (0.1, 0.05, 0.02)  # the same with min_workers = need - 1
+BANDS_FLOORED = (0.1, 0.05, 0.02)  # the same with min_workers = need - 2, need - 1
 SLACKS = (0.04, 0.07, 0.1, 0.15)  # cost-aware's GPU-hour cap: the trade-off curve
 
 
@@ -220,13 +220,13 @@ def main(argv: list[str] | None = None) -> int:
         od = next(p for p in scn.pools if p.name == od_name)
         need = math.ceil(scn.workload.demand_rows_per_s / od.rows_per_s - 1e-9)
         # The dead band's thresholds, started at a third of the need with a floor of 1 (as
-        # the paper runs it), and with a floor just under the need (what it takes for a
+        # the paper runs it), and with floors just under the need (what it takes for a
         # wait-driven band to wait little): its best shot at each wait.
         bands = [simulate(scn, DeadBand(od_name, low=h / 4, high=h, start=max(1, need // 3)),
                           f"deadband-{h:g}") for h in BANDS]
-        bands += [simulate(scn, DeadBand(od_name, low=h / 4, high=h, start=need - 1,
-                                         min_workers=need - 1), f"deadband-{h:g}-min{need - 1}")
-                  for h in BANDS_FLOORED]
+        bands += [simulate(scn, DeadBand(od_name, low=h / 4, high=h, start=m, min_workers=m),
+                           f"deadband-{h:g}-min{m}")
+                  for m in (need - 2, need - 1) for h in BANDS_FLOORED]
         fixed = simulate(scn, Fixed(need, od_name), "fixed-od")
         cost_d = simulate(scn, CostAware(), "cost-dollars")
         cost = simulate(scn, CostAware(gpu_slack=ns.gpu_slack), "cost")
@@ -279,6 +279,12 @@ def main(argv: list[str] | None = None) -> int:
               + ("" if reached else "; NO threshold got the dead band's wait this low, "
                  "compared with its lowest") + f"); fixed-od (sized with the demand known) "
               f"{fixed.gpu_hours:.1f} GPU-h at {fixed.trainer_wait_fraction:.1%}")
+        best5 = min((r for r in bands if r.trainer_wait_fraction <= 0.05),
+                    key=lambda r: r.gpu_hours, default=None)
+        if best5 is not None:
+            print(f"for scale: the dead band's fewest GPU-hours at any wait <= 5%: "
+                  f"{best5.policy} {best5.gpu_hours:.1f} at {best5.trainer_wait_fraction:.1%} "
+                  f"-> cost-aware {ratio(cost.gpu_hours, best5.gpu_hours):.2f}x")
         for k, (v, ok) in aims.items():
             print(f"  {'MET ' if ok else 'MISS'} {k} = {v:.3f}")
         slug = "".join(c if c.isalnum() else "-" for c in scn.name)[:40].strip("-")

@@ -13,8 +13,9 @@
               new workers go to the next region or accelerator); on-demand fills what
               spot cannot and is the floor when the deadline is at risk.
               Two objectives, weighed by `gpu_slack`: dollars per row and GPU-hours
-              per row (an A10G row is cheap in dollars but takes ~2.5x the GPU-hours
-              of an A100 row). `gpu_slack=None` minimises dollars alone; a number
+              per row (at the benchmark's assumed speeds a spot L4 row costs fewer
+              dollars than a spot A100 row but 3.3x the GPU-hours). `gpu_slack=None`
+              minimises dollars alone (the default); a number
               caps the fleet's GPU-hours per useful row at (1 + gpu_slack) x the
               fewest any pool offers, and buys the cheapest rows within that cap
               (a cheap slow pool is mixed with a fast one as far as the cap allows).
