@@ -72,3 +72,37 @@ def test_backpressure_waits_for_the_trainer(ctx):
     led.write_progress(Progress("solver", 0, end, 6, 1, time.time()))  # as the trainer does
     t0 = time.time()
     assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 5.0) < 2.0
+
+
+def test_a_version_pruned_while_the_engine_loads_it_is_skipped(ctx, monkeypatch):
+    """transformers reports a folder that vanished mid-load as an OSError about a repo
+    id, not FileNotFoundError: the worker keeps its weights and tries again later; an
+    OSError while the folder is still there is a real failure and is raised."""
+    w = RolloutWorker(ctx, "wA")
+    w.refresh_weights()
+    ws = ctx.weights()
+    st = ws.staging_dir("solver")
+    for f in ws.dir("solver", 1).iterdir():
+        if f.name != "MANIFEST.json":
+            shutil.copy(f, st)
+    ws.publish("solver", st, step=2)
+    engine = w.engines["solver"]
+
+    def vanish(path):
+        shutil.rmtree(path)
+        raise OSError("Repo id must be in the form 'repo_name' or 'namespace/repo_name'")
+
+    monkeypatch.setattr(engine, "load_weights", vanish)
+    assert not w.refresh_weights() and w.version == 1
+    st = ws.staging_dir("solver")
+    for f in ws.dir("solver", 1).iterdir():
+        if f.name != "MANIFEST.json":
+            shutil.copy(f, st)
+    assert ws.publish("solver", st, step=3) > 1   # a new version for the worker to load
+
+    def broken(path):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(engine, "load_weights", broken)
+    with pytest.raises(OSError, match="disk on fire"):
+        w.refresh_weights()

@@ -36,6 +36,7 @@ import time
 import uuid
 from collections import defaultdict
 from datetime import UTC, datetime
+from pathlib import Path
 
 import torch
 
@@ -165,7 +166,12 @@ class RolloutWorker:
                     lora_rank=model.lora.r if model.lora else None)
             else:
                 self.engines[policy].load_weights(path)
-        except FileNotFoundError as err:  # pruned while reading: keep what we had
+        except OSError as err:
+            # Pruned while reading: keep what we had. transformers reports a folder that
+            # vanished mid-load as an OSError about a repo id, not FileNotFoundError, so
+            # tell a pruned version (its folder is gone) from a real I/O failure.
+            if Path(path).exists() and not isinstance(err, FileNotFoundError):
+                raise
             log.info("%s: %s v%d pruned while loading (%s)", self.worker_id, policy,
                      latest, err)
             return False
