@@ -67,6 +67,22 @@ def run(
 
 
 @app.command()
+def check(
+    flow: Annotated[Path, typer.Argument(help="flow YAML, e.g. examples/math.yaml")],
+    set_: Annotated[list[str], typer.Option("--set", help="override a field: stop.max_steps=50")] = [],  # noqa: B006
+) -> None:
+    """Validate a flow without running anything; print the resolved flow (YAML, every
+    default filled in). Exit 0 when valid; exit 2 naming each broken field's path."""
+    from astraflow.flow import FlowError, load_flow
+
+    try:
+        spec = load_flow(flow, _parse_sets(set_))
+    except FlowError as err:
+        _fail(str(err))
+    typer.echo(spec.dump(), nl=False)
+
+
+@app.command()
 def rollout(
     run_dir: RunTarget,
     worker_id: Annotated[str, typer.Option(help="name of this worker in rows and logs")] = "w0",

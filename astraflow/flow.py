@@ -201,6 +201,22 @@ class StageSpec(Spec):
         resolve_stage(v)  # raises with the list of known stages
         return v
 
+    @model_validator(mode="after")
+    def _params_fit(self) -> StageSpec:
+        """A misspelt parameter fails here, not in the trainer minutes later."""
+        import inspect
+
+        from astraflow.data.stages import resolve_stage
+
+        try:
+            inspect.signature(resolve_stage(self.name)).bind(None, None, **self.params)
+        except TypeError as err:
+            raise ValueError(f"stage {self.name!r} does not take params {sorted(self.params)}: "
+                             f"{err}") from None
+        except ValueError:  # no introspectable signature (a C callable): the trainer will tell
+            pass
+        return self
+
 
 class PolicySpec(Spec):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")

@@ -137,8 +137,10 @@ policies:
   - name: solver
     model: {hidden_size: 64, layers: 2, heads: 2, intermediate_size: 128}
     stages:
+      - {name: overlength_penalty, params: {penalty: 0.5}}
       - name: tests.test_stages_replay:drop_longest
         params: {keep_fraction: 0.25}
+      - name: solved_filter
       - name: dr_grpo_advantages
 env: {digits: 2, eval_size: 20}
 rollout: {prompts_per_batch: 2, samples_per_prompt: 4}
@@ -152,7 +154,7 @@ def test_a_stage_from_the_flow_yaml_runs_in_the_trainer(tmp_path, tiny_policy_di
     from astraflow.train.trainer import Trainer
 
     ctx = seeded_run(tmp_path / "run", yaml.safe_load(USER_FLOW), tiny_policy_dir)
-    assert [s.name for s in ctx.flow.stages_for("solver")][0] == "tests.test_stages_replay:drop_longest"
+    assert [s.name for s in ctx.flow.stages_for("solver")][1] == "tests.test_stages_replay:drop_longest"
     worker = RolloutWorker(ctx, "w0")
     worker.refresh_weights()
     tr = Trainer(ctx)
@@ -166,3 +168,8 @@ def test_a_stage_from_the_flow_yaml_runs_in_the_trainer(tmp_path, tiny_policy_di
     got = sorted((r["step"], r["name"], r["value"]) for r in m)
     assert got == [(0, "rows_dropped_too_long", 6.0), (0, "user_stage_step", 0.0),
                    (1, "rows_dropped_too_long", 6.0), (1, "user_stage_step", 1.0)]
+    # The built-ins around it read the worker's rows: finish reasons from their extras.
+    cut = ctx.trajectories().read_range("solver", 0, 10**9, ["extras"])
+    truncated = sum('"length"' in e for e in cut.column("extras").to_pylist())
+    m = ctx.ledger().read_metrics(names=["rows_overlong"]).column("value").to_pylist()
+    assert sum(m) == truncated

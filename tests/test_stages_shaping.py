@@ -194,3 +194,14 @@ def test_a_stage_that_miscounts_replayed_rows_is_refused(monkeypatch):
         run_stages(t, CTX, [("adds_unmarked", {})])
     ok = drop_rows(t, {"mine": [False, True]})
     assert ok.dropped == {"mine": 0, "replayed": 1}
+
+
+def test_a_misspelt_stage_param_fails_when_the_flow_is_read():
+    from astraflow.flow import FlowError, parse_flow
+
+    flow = {"name": "x", "policies": [{"name": "solver"}]}
+    with pytest.raises(FlowError, match=r"stages\.1: .*length_norm.*'mdoe'"):
+        parse_flow({**flow, "stages": [{"name": "group_advantages"},
+                                       {"name": "length_norm", "params": {"mdoe": "x"}}]})
+    ok = parse_flow({**flow, "stages": [{"name": "replay", "params": {"ratio": 0.5}}]})
+    assert ok.stages[0].params == {"ratio": 0.5}
