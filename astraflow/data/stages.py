@@ -217,7 +217,8 @@ def resolve_stage(name: str) -> Callable[..., StageResult]:
         try:
             fn = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as err:
-            raise ValueError(f"stage {name!r} could not be imported: {err}") from err
+            raise ValueError(f"stage {name!r} could not be imported: {err} (is its module's "
+                             f"folder on PYTHONPATH? e.g. `PYTHONPATH=. astraflow run …`)") from err
         if not callable(fn):
             raise ValueError(f"stage {name!r} is not callable")
         return fn
