@@ -147,6 +147,11 @@ def save_adapter(model: torch.nn.Module, path: str | Path) -> None:
             tensors[key.replace(f".{name}.", ".")] = value.detach().contiguous()
     save_file(tensors, str(path / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     model.peft_config[name].save_pretrained(str(path))
+    config = json.loads((path / ADAPTER_CONFIG).read_text())
+    # The folder the trainer's base came from means nothing elsewhere: name the base
+    # version, so identical adapters hash identically on every machine.
+    config["base_model_name_or_path"] = version_dir(BASE_VERSION)
+    (path / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (path / BASE_FILE).write_text(json.dumps({"version": BASE_VERSION}) + "\n")
 
 
@@ -224,7 +229,9 @@ class MergedAdapter:
             if (b.shape[0], a.shape[1]) != tuple(target.shape):
                 raise RuntimeError(f"adapter {path}: {name} is {b.shape[0]}x{a.shape[1]}, the "
                                    f"weight {tuple(target.shape)}")
-            base = self.saved.setdefault(name, target.detach().to("cpu", copy=True))
+            base = self.saved.get(name)
+            if base is None:  # first merged into since the base was loaded: keep it
+                base = self.saved[name] = target.detach().to("cpu", copy=True)
             # In place, no full-size temporaries: a swap costs one pass over the
             # adapted weights (most of a model), not a second copy of them.
             target.copy_(base)
