@@ -235,13 +235,16 @@ def main_lora(args) -> None:
             bucket = a.create_bucket("bench-lora")
             for size in args.sizes.split(","):
                 src = model_dir(size, work)
-                for store, uri in (("local", str(work / "store")), ("s3", f"s3://{bucket}")):
+                stores = {"local": str(work / "store"), "s3": f"s3://{bucket}"}
+                for store in args.stores.split(","):
+                    uri = stores[store]
                     res = bench_lora(src, uri, args.lora, args.repeats)
                     (fb, fs), (ab, as_) = res["full"], res["adapter"]
                     rows.append((size, store, fb, fs, ab, as_))
-                    console.print(f"{size:>7} {store:<5} full {fb / 1e6:8.2f} MB {fs * 1e3:8.1f} ms"
-                                  f"  adapter {ab / 1e6:6.2f} MB {as_ * 1e3:7.1f} ms  bytes "
-                                  f"{ab / fb:.4f}  seconds {as_ / fs:.3f}")
+                    console.print(f"{size:>7} {store:<5} full {fb / 1e6:8.2f} MB "
+                                  f"{fs * 1e3:8.1f} ms  adapter {ab / 1e6:6.2f} MB "
+                                  f"{as_ * 1e3:7.1f} ms  bytes {ab / fb:.4f}  seconds "
+                                  f"{as_ / fs:.3f}")
     t = Table(title=f"one version of a LoRA (r={args.lora}) policy vs a full version: save + "
                     f"publish + fetch + engine swap, median of {args.repeats}")
     for col in ("model", "store", "full MB", "full ms", "adapter MB", "adapter ms",
@@ -260,6 +263,7 @@ def main() -> None:
                     help="comma list: math, NNm parameters, or smollm2")
     ap.add_argument("--lora", type=int, default=0, metavar="R",
                     help="compare full versions with rank-R adapter versions instead")
+    ap.add_argument("--stores", default="local,s3", help="with --lora: local, s3 (moto)")
     args = ap.parse_args()
     if args.lora:
         return main_lora(args)

@@ -22,6 +22,7 @@ import torch
 
 from astraflow.flow import LoraSpec, parse_flow
 from astraflow.models import lora
+from astraflow.models.codec import load_codec
 from astraflow.models.hf import carried_files, load_policy, save_policy
 from astraflow.rollout.engine import HFEngine
 from astraflow.run import RunContext
@@ -153,6 +154,45 @@ def test_base_is_kept_and_fetched_with_every_adapter_version(tmp_path, tiny_poli
     fresh = RunContext.open(tmp_path / "run").weights()
     with pytest.raises(Exception, match="v0 does not exist"):
         fresh.load("solver", 3)
+
+
+def test_adapter_versions_through_s3_fetch_their_base_once(s3_env, tmp_path, tiny_policy_dir,
+                                                          monkeypatch):
+    """On S3 a worker's first load of an adapter version also fetches (and verifies)
+    version 0 into the download cache beside it; later versions fetch only their
+    adapter; the engine on the cache generates as on the trainer's model."""
+    from astraflow.stores import WeightStore
+
+    monkeypatch.setenv("ASTRAFLOW_CACHE", str(tmp_path / "cache"))
+    uri = f"s3://{s3_env}/weights"
+    ws = WeightStore(uri)
+    staged = ws.staging_dir("p")
+    shutil.copytree(tiny_policy_dir, staged, dirs_exist_ok=True)
+    ws.publish("p", staged, step=0)
+    model = lora.wrap(load_policy(tiny_policy_dir), LoraSpec(r=2))
+    carried = carried_files(tiny_policy_dir)
+    for step in (1, 2):
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn_like(p) * 0.1)
+        staged = ws.staging_dir("p")
+        save_policy(model, staged, source=carried)
+        ws.publish("p", staged, step=step)
+    worker = WeightStore(uri)
+    fetched: list[int] = []
+    real_load = worker.load
+    monkeypatch.setattr(worker, "load", lambda p, v, **kw: fetched.append(v) or real_load(p, v, **kw))
+    engine = HFEngine.from_dir(worker.load("p", 1))
+    engine.load_weights(worker.load("p", 2))
+    assert fetched == [1, 0, 2]  # the base once, then only the adapter
+    assert worker.dir("p", 0).parent == worker.dir("p", 2).parent
+    model.eval()
+    prompts = [[1, 5, 6, 7], [1, 9, 8, 4]]
+    a = engine.generate(prompts, max_new_tokens=6, greedy=True)
+    b = HFEngine(model, load_codec(tiny_policy_dir)).generate(prompts, max_new_tokens=6,
+                                                                greedy=True)
+    assert a.completions == b.completions
 
 
 def test_lora_resume_continues_bit_for_bit(tmp_path, tiny_policy_dir):

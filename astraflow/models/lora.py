@@ -147,6 +147,11 @@ def save_adapter(model: torch.nn.Module, path: str | Path) -> None:
             tensors[key.replace(f".{name}.", ".")] = value.detach().contiguous()
     save_file(tensors, str(path / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     model.peft_config[name].save_pretrained(str(path))
+    config = json.loads((path / ADAPTER_CONFIG).read_text())
+    # The folder the trainer's base came from means nothing elsewhere: name the base
+    # version, so identical adapters hash identically on every machine.
+    config["base_model_name_or_path"] = version_dir(BASE_VERSION)
+    (path / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (path / BASE_FILE).write_text(json.dumps({"version": BASE_VERSION}) + "\n")
 
 
@@ -157,41 +162,43 @@ def _adapter_name(model: torch.nn.Module) -> str:
     return names[0]
 
 
-def deltas(path: str | Path) -> dict[str, torch.Tensor]:
-    """What an adapter folder adds to each weight it targets: `{<module>.weight:
-    (alpha / r) * B @ A}` (float32), exactly peft's merge of a plain LoRA.
-    Adapter variants whose merge differs (DoRA, rsLoRA scaling, transposed
-    fan_in_fan_out weights) are refused rather than merged wrongly."""
+def factors(path: str | Path) -> tuple[float, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """An adapter folder's merge: `(scale, {<module>.weight: (A, B)})`, so that the
+    weight becomes W + scale * B @ A (scale = alpha / r), exactly peft's merge of a
+    plain LoRA. Adapter variants whose merge differs (DoRA, rsLoRA scaling,
+    transposed fan_in_fan_out weights) are refused rather than merged wrongly."""
     path = Path(path)
     cfg = json.loads((path / ADAPTER_CONFIG).read_text())
     odd = [k for k in ("use_dora", "use_rslora", "fan_in_fan_out") if cfg.get(k)]
     if odd or cfg.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{path}: {cfg.get('peft_type')} adapter with {odd} set; only plain "
                          f"LoRA adapters (as the trainer writes) can be merged")
-    scale = float(cfg["lora_alpha"]) / float(cfg["r"])
-    factors: dict[str, dict[str, torch.Tensor]] = {}
+    found: dict[str, dict[str, torch.Tensor]] = {}
     with safe_open(str(path / ADAPTER_WEIGHTS), framework="pt") as st:
         for key in st.keys():
             m = _LORA_KEY.match(key)
             if m is None:
                 raise ValueError(f"{path}: unexpected tensor {key} in {ADAPTER_WEIGHTS} (only "
                                  f"lora_A/lora_B factors can be merged)")
-            factors.setdefault(m.group(1), {})[m.group(2)] = st.get_tensor(key).float()
+            found.setdefault(m.group(1), {})[m.group(2)] = st.get_tensor(key)
     out = {}
-    for module, ab in factors.items():
+    for module, ab in found.items():
         if set(ab) != {"A", "B"}:
             raise ValueError(f"{path}: {module} has lora_{''.join(ab)} only")
-        out[f"{module}.weight"] = (ab["B"] @ ab["A"]) * scale
-    return out
+        out[f"{module}.weight"] = (ab["A"], ab["B"])
+    return float(cfg["lora_alpha"]) / float(cfg["r"]), out
 
 
 class MergedAdapter:
     """Holds a plain model at base + one adapter, merged into the weights.
 
-    The targeted base weights are kept aside (a copy of only those tensors) so the
-    next version's adapter merges onto the exact base, not onto the previous
-    merge: no drift over hundreds of versions, and a version swap costs the
-    adapter's size, not the model's."""
+    The targeted base weights are kept aside, in CPU memory (a copy of those
+    tensors only; with every projection adapted that is most of the model), so
+    the next version's adapter merges onto the exact base, not onto the previous
+    merge: no drift over hundreds of versions (subtracting the old B @ A in
+    bfloat16 would round differently each time), and a version swap reads the
+    adapter's bytes, not the model's. vLLM workers need none of this: they serve
+    adapters unmerged."""
 
     def __init__(self) -> None:
         self.base: Path | None = None
@@ -210,20 +217,26 @@ class MergedAdapter:
                 load_weights_into(model, bdir)
             self.base, self.saved = bdir, {}
         params = model.state_dict(keep_vars=True)
-        add = deltas(path)
+        scale, add = factors(path)
         missing = sorted(set(add) - set(params))
         if missing:
             raise RuntimeError(f"adapter {path} targets weights the model lacks: {missing[:5]}")
         for name, base in self.saved.items():  # the previous adapter's targets back to base
             if name not in add:
                 params[name].copy_(base)
-        for name, delta in add.items():
+        for name, (a, b) in add.items():
             target = params[name]
-            if tuple(delta.shape) != tuple(target.shape):
-                raise RuntimeError(f"adapter {path}: {name} delta {tuple(delta.shape)} vs weight "
-                                   f"{tuple(target.shape)}")
-            base = self.saved.setdefault(name, target.detach().clone())
-            target.copy_((base.float() + delta).to(target.dtype))
+            if (b.shape[0], a.shape[1]) != tuple(target.shape):
+                raise RuntimeError(f"adapter {path}: {name} is {b.shape[0]}x{a.shape[1]}, the "
+                                   f"weight {tuple(target.shape)}")
+            base = self.saved.get(name)
+            if base is None:  # first merged into since the base was loaded: keep it
+                base = self.saved[name] = target.detach().to("cpu", copy=True)
+            # In place, no full-size temporaries: a swap costs one pass over the
+            # adapted weights (most of a model), not a second copy of them.
+            target.copy_(base)
+            target.addmm_(b.to(target.device, target.dtype), a.to(target.device, target.dtype),
+                          alpha=scale)
 
     def forget(self) -> None:
         """A full version was loaded: nothing of ours is merged any more."""
