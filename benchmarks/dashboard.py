@@ -9,7 +9,10 @@ trainer steps, time is cut into windows that alternate: no page open / a page op
 the store at most once per `--refresh-s`). The trainer's rows/s in each window
 come from the ledger. Alternating windows in one run, instead of two runs, keeps
 the machine's other load (2 shared cores here) out of the comparison as far as
-possible. Prints the mean rows/s with and without, their ratio and the cost.
+possible. Prints the mean rows/s with and without, their ratio and the cost, and —
+a measure that the machine's other load does not blur — the CPU the dashboard
+process used per second while a page was open (its upper bound on what it can take
+from a trainer sharing the cores).
 """
 
 from __future__ import annotations
@@ -58,6 +61,12 @@ def start_dashboard(run: Path, refresh_s: float, log: Path) -> tuple[subprocess.
     return proc, url
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def drive(ctx: RunContext, args, windows: list[tuple[float, float, bool]],
           status: dict) -> None:
     """Wait for the trainer's first step, then alternate windows; SIGINT the run at the end."""
@@ -71,7 +80,7 @@ def drive(ctx: RunContext, args, windows: list[tuple[float, float, bool]],
         time.sleep(args.window_s / 2)
         for i in range(args.windows):
             on = i % 2 == 1
-            t0 = time.time()
+            t0, c0 = time.time(), cpu_seconds(proc.pid)
             polls = 0
             while time.time() - t0 < args.window_s:
                 if on:
@@ -79,6 +88,8 @@ def drive(ctx: RunContext, args, windows: list[tuple[float, float, bool]],
                     polls += 1
                 time.sleep(args.poll_s if on else 0.2)
             windows.append((t0, time.time(), on))
+            status.setdefault("cpu", {True: [], False: []})[on].append(
+                (cpu_seconds(proc.pid) - c0) / (time.time() - t0))
             status.setdefault("polls", 0)
             status["polls"] += polls
     except BaseException as err:  # noqa: BLE001 - reported after the run
@@ -113,10 +124,17 @@ def main() -> None:
         rows = sum(e.rows_read for e in entries if t0 <= e.time < t1)
         rates[on].append(rows / (t1 - t0))
     off, on = statistics.mean(rates[False]), statistics.mean(rates[True])
+    cpu = status["cpu"]
     print(json.dumps({"windows_s": args.window_s, "rows_per_s_without": rates[False],
-                      "rows_per_s_with": rates[True], "polls": status.get("polls")}, indent=1))
+                      "rows_per_s_with": rates[True], "polls": status.get("polls"),
+                      "dashboard_cpu_per_s_open": cpu[True],
+                      "dashboard_cpu_per_s_closed": cpu[False]}, indent=1))
+    spread = statistics.pstdev(rates[False]) / off if len(rates[False]) > 1 else float("nan")
     print(f"trainer rows/s without a dashboard {off:.1f}, with one open {on:.1f}: "
-          f"ratio {on / off:.3f} (cost {100 * (1 - on / off):+.1f}%; aim < 2%)")
+          f"ratio {on / off:.3f} (cost {100 * (1 - on / off):+.1f}%; aim < 2%); windows "
+          f"without it vary by {100 * spread:.0f}% among themselves")
+    print(f"dashboard process CPU while a page polls: {statistics.mean(cpu[True]):.3f} "
+          f"core-seconds per second (closed: {statistics.mean(cpu[False]):.3f})")
 
 
 if __name__ == "__main__":
