@@ -149,23 +149,34 @@ def eval_(
     run_dir: RunTarget,
     version: Annotated[int | None, typer.Option(help="weight version (default: newest)")] = None,
     policy: Annotated[str | None, typer.Option(help="policy to evaluate (default: every one)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print {flow, policies: {policy: "
+                                                         "{version, metric, accuracy, tasks}}}")
+                       ] = False,
 ) -> None:
     """Greedy held-out metric of a published weight version (accuracy for a solver,
-    judgement accuracy for a verifier); one JSON line per policy."""
-    ctx = _open(run_dir, "eval")
+    judgement accuracy for a verifier), one line per policy."""
+    ctx = _open(run_dir, "eval", quiet=as_json)
     from astraflow.evaluate import Evaluator
 
     names = ctx.flow.policy_names()
     if policy is not None and policy not in names:
         _fail(f"no policy {policy!r} in this flow (policies: {', '.join(names)})")
+    out: dict[str, dict[str, object]] = {}
     for name in [policy] if policy else names:
         ev = Evaluator(ctx, name)
         v = ctx.weights().latest(name) if version is None else version
         if v is None:
             _fail(f"no weight versions of {name} in {ctx.weights_root}")
-        acc = ev(v)
-        typer.echo(json.dumps({"policy": name, "version": v, "metric": ev.metric,
-                               "accuracy": acc, "tasks": len(ev.items)}))
+        if v not in ctx.weights().versions(name):
+            _fail(f"no weight version {v} of {name} in {ctx.weights_root} (kept: "
+                  f"{ctx.weights().versions(name)[-8:]})")
+        out[name] = {"version": v, "metric": ev.metric, "accuracy": ev(v), "tasks": len(ev.items)}
+        if not as_json:
+            r = out[name]
+            typer.echo(f"{name} v{v}: held-out {r['metric']} {r['accuracy']:.1%} on "
+                       f"{r['tasks']} tasks")
+    if as_json:
+        typer.echo(json.dumps({"flow": ctx.flow.name, "policies": out}, indent=2))
 
 
 @app.command()
@@ -307,7 +318,9 @@ def dashboard(
 @app.command()
 def audit(
     run_dir: RunTarget,
-    as_json: Annotated[bool, typer.Option("--json", help="print the counts as JSON")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print {flow, ok, policies: {policy: "
+                                                         "{counts…, problems}}} as JSON")
+                       ] = False,
 ) -> None:
     """Verify exactly-once from the store: ledger, trajectory tables, weights, checkpoints.
 
@@ -318,8 +331,9 @@ def audit(
 
     reports = run_audit(ctx)
     if as_json:
-        typer.echo(json.dumps({r.policy: {**r.counts, "problems": r.violations} for r in reports},
-                              indent=2))
+        typer.echo(json.dumps({"flow": ctx.flow.name, "ok": all(r.ok for r in reports),
+                               "policies": {r.policy: {**r.counts, "problems": r.violations}
+                                            for r in reports}}, indent=2))
     else:
         for r in reports:
             typer.echo(f"policy {r.policy}: " + ", ".join(f"{k} {v}" for k, v in r.counts.items()))

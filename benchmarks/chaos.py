@@ -106,7 +106,7 @@ def audit(run: Path) -> tuple[int, dict]:
     r = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run), "--json"],
                        capture_output=True, text=True, timeout=600)
     try:
-        return r.returncode, json.loads(r.stdout)
+        return r.returncode, json.loads(r.stdout).get("policies", {})
     except json.JSONDecodeError:
         return r.returncode, {"error": r.stdout + r.stderr}
 

@@ -116,7 +116,7 @@ def test_sigkill_trainer_and_workers_mid_run(tmp_path):
     audit = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run), "--json"],
                            capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr
-    counts = json.loads(audit.stdout)["solver"]
+    counts = json.loads(audit.stdout)["policies"]["solver"]
     assert counts["steps"] == 70 and counts["duplicate_rows"] == 0 and counts["violations"] == 0
     # Each kill voided the steps since the newest checkpoint: 6-4+1, 25-24+1, 45-44+1.
     assert counts["rollbacks"] == 3 and counts["voided_steps"] == 3 + 2 + 2
@@ -187,5 +187,5 @@ def test_sigkill_the_launcher_then_run_again(tmp_path):
     audit = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run), "--json"],
                            capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr
-    counts = json.loads(audit.stdout)["solver"]
+    counts = json.loads(audit.stdout)["policies"]["solver"]
     assert counts["steps"] == 40 and counts["duplicate_rows"] == 0 and counts["violations"] == 0

@@ -245,7 +245,7 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
     audit = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run), "--json"],
                            capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr
-    counts = json.loads(audit.stdout)
+    counts = json.loads(audit.stdout)["policies"]
     for p in ("solver", "verifier"):
         assert counts[p]["steps"] == 40 and counts[p]["duplicate_rows"] == 0
         assert counts[p]["violations"] == 0

@@ -141,7 +141,7 @@ def test_run_survives_a_15s_store_outage(s3_env, moto_server, tmp_path):
     audit = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run), "--json"],
                            capture_output=True, text=True, timeout=300, env=env)
     assert audit.returncode == 0, audit.stdout + audit.stderr
-    counts = json.loads(audit.stdout)["solver"]
+    counts = json.loads(audit.stdout)["policies"]["solver"]
     assert counts["steps"] == 40 and counts["duplicate_rows"] == 0 and counts["violations"] == 0
     # The outage was felt: the trainer's steps stalled while the store was away.
     times = sorted(e.time for e in RunContext.open(run).ledger().history("solver"))
