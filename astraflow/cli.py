@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
                   help="AstraFlow: decoupled RL for LLM policies over a shared store.")
 
 #: How every component command names its run.
@@ -39,7 +39,7 @@ def _fail(msg: str) -> None:
 def run(
     flow: Annotated[Path, typer.Argument(help="flow YAML, e.g. examples/math.yaml")],
     mode: Annotated[str | None, typer.Option(help="async (decoupled) or sync (baseline)")] = None,
-    runs: Annotated[Path, typer.Option(help="folder holding runs/<name>/")] = Path("runs"),
+    runs: Annotated[Path, typer.Option(help="folder holding `runs/<name>/`")] = Path("runs"),
     overwrite: Annotated[bool, typer.Option(help="delete an existing run of this name first")] = False,
     set_: Annotated[list[str], typer.Option("--set", help="override a field: stop.max_steps=50")] = [],  # noqa: B006
 ) -> None:
@@ -416,7 +416,7 @@ def stop(
 @app.command()
 def scale(
     target: Annotated[str, typer.Argument(help="a run folder, an s3:// store URI, or a flow YAML "
-                                               "(its runs/<name>/ folder, or its store.uri)")],
+                                               "(its `runs/<name>/` folder, or its store.uri)")],
     policy: Annotated[str, typer.Option(help="fixed | deadband | cost | module:attr")] = "deadband",
     backend: Annotated[str, typer.Option(help="local | modal | sky")] = "local",
     param: Annotated[list[str], typer.Option("--param", help="policy parameter key=value, "
@@ -429,7 +429,7 @@ def scale(
     minutes: Annotated[float | None, typer.Option(help="stop after this many minutes")] = None,
     worker_minutes: Annotated[float, typer.Option(help="each worker stops after this many "
                                                        "minutes")] = 60.0,
-    runs: Annotated[Path, typer.Option(help="folder holding runs/<name>/ (for a flow YAML)")] = Path("runs"),
+    runs: Annotated[Path, typer.Option(help="folder holding `runs/<name>/` (for a flow YAML)")] = Path("runs"),
 ) -> None:
     """Autoscale a run's rollout workers with a scaling policy (stateless: kill and restart
     it at will). Stops once every trainer reached stop.max_steps, retiring its workers."""
