@@ -69,8 +69,8 @@ def components(ctx: RunContext) -> list[Component]:
     comps = [Component(f"trainer-{p}", ["train", run, "--policy", p], flow.trainer.threads,
                        logs / f"trainer-{p}.log") for p in flow.policy_names()]
     for i in range(flow.rollout.workers):
-        comps.append(Component(f"rollout-{i}", ["rollout", run, "--worker-id", f"w{i}"],
-                               flow.rollout.threads, logs / f"rollout-{i}.log"))
+        comps.append(Component(f"rollout-w{i}", ["rollout", run, "--worker-id", f"w{i}"],
+                               flow.rollout.threads, logs / f"rollout-w{i}.log"))
     return comps
 
 

@@ -70,7 +70,7 @@ def test_short_flow_through_cli(tmp_path, mode):
         # this short run needs is a race (one may still be importing torch while the
         # other fills the backlog), so rows are only required to come from them.
         state = json.loads((run_dir / "components.json").read_text())
-        for name in ("rollout-0", "rollout-1"):
+        for name in ("rollout-w0", "rollout-w1"):
             assert state[name]["exit_codes"] == [0] and state[name]["restarts"] == 0, state
         workers = set(ctx.trajectories().read_range("solver", 0, 10**9, columns=["worker"])
                       .column("worker").to_pylist())

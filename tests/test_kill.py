@@ -93,8 +93,8 @@ def test_sigkill_trainer_and_workers_mid_run(tmp_path):
         "ASTRAFLOW_TEST_GATE": str(gate)})
     killed: list[str] = []
     try:
-        for victim, at_step in [("trainer-solver", 6), ("rollout-0", 15), ("trainer-solver", 25),
-                                ("rollout-1", 35), ("trainer-solver", 45)]:
+        for victim, at_step in [("trainer-solver", 6), ("rollout-w0", 15), ("trainer-solver", 25),
+                                ("rollout-w1", 35), ("trainer-solver", 45)]:
             if victim == "trainer-solver":  # held at the hook: killed at exactly this step
                 pid = paused_trainer(gate, "solver", at_step, 240)
                 assert pid == pid_of(run, victim) and progress_step(run) == at_step
@@ -112,7 +112,7 @@ def test_sigkill_trainer_and_workers_mid_run(tmp_path):
     assert launcher.returncode == 0, out
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "max_steps"
-    assert summary["restarts"] == {"trainer-solver": 3, "rollout-0": 1, "rollout-1": 1}
+    assert summary["restarts"] == {"trainer-solver": 3, "rollout-w0": 1, "rollout-w1": 1}
     audit = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run), "--json"],
                            capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr
@@ -160,7 +160,7 @@ def test_sigkill_the_launcher_then_run_again(tmp_path):
                              start_new_session=True)
     try:
         wait_until(lambda: progress_step(run) >= 10, 240, "step 10")
-        pids = [pid_of(run, n) for n in ("trainer-solver", "rollout-0", "rollout-1")]
+        pids = [pid_of(run, n) for n in ("trainer-solver", "rollout-w0", "rollout-w1")]
         assert all(pids)
         os.killpg(first.pid, signal.SIGKILL)  # the launcher alone: components have their own sessions
         first.wait()

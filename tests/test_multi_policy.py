@@ -239,7 +239,7 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
     assert len(solver_meanwhile) >= 1, (t_kill, resumed)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "max_steps"
-    assert summary["restarts"] == {"trainer-solver": 0, "trainer-verifier": 1, "rollout-0": 0}
+    assert summary["restarts"] == {"trainer-solver": 0, "trainer-verifier": 1, "rollout-w0": 0}
     assert set(summary["policies"]) == {"solver", "verifier"}
     assert summary["policies"]["verifier"]["metric"] == "judgement accuracy"
     audit = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run), "--json"],
