@@ -137,6 +137,10 @@ def test_tiny_trainer_trains_and_publishes_adapters_only(tmp_path, tiny_policy_d
     # The trainer refuses an adapter of another shape mid-run.
     with pytest.raises(ValueError, match="cannot change shape"):
         load_policy(v1, lora=LoraSpec(r=4))
+    # ...and fresh adapters on a later full version (whose adapters would name v0).
+    later = shutil.copytree(ctx.weights().dir("solver", 0), tmp_path / lora.version_dir(3))
+    with pytest.raises(ValueError, match="start on version 0"):
+        load_policy(later, lora=LoraSpec(r=2))
 
 
 def test_base_is_kept_and_fetched_with_every_adapter_version(tmp_path, tiny_policy_dir):
