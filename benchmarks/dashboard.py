@@ -1,6 +1,6 @@
 """What a dashboard left open on a run costs the trainer, as a throughput ratio.
 
-    python benchmarks/dashboard.py [--windows 6] [--window-s 30] [--poll-s 1]
+    python benchmarks/dashboard.py [--windows 6] [--window-s 30] [--poll-s 2.5] [--refresh-s 5]
 
 One real run of a small math flow (launcher, trainer and worker processes on this
 machine) with `astraflow dashboard` serving it from its own process. Once the
@@ -102,8 +102,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--windows", type=int, default=6, help="alternating windows (even)")
     ap.add_argument("--window-s", type=float, default=30.0)
-    ap.add_argument("--poll-s", type=float, default=1.0, help="page fetches every this often")
-    ap.add_argument("--refresh-s", type=float, default=2.0, help="dashboard's store reads")
+    ap.add_argument("--poll-s", type=float, default=2.5,
+                    help="page fetches every this often (the page's default: refresh/2)")
+    ap.add_argument("--refresh-s", type=float, default=5.0,
+                    help="dashboard's store reads (the dashboard's default)")
     ap.add_argument("--root", type=Path, default=Path("runs/bench"))
     args = ap.parse_args()
     ctx = prepare_run(parse_flow(FLOW), args.root, overwrite=True)

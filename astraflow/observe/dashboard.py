@@ -32,8 +32,9 @@ from astraflow.run import RunContext
 
 log = logging.getLogger("astraflow.observe")
 STATIC = Path(__file__).parent / "static"
-#: Points per curve sent to the page (the newest ones).
-MAX_POINTS = 2000
+#: Points per curve sent to the page: longer curves are thinned evenly (the newest kept),
+#: so a refresh costs the same at step 100 and at step 100,000.
+MAX_POINTS = 500
 
 
 def plotly_js() -> Path:
@@ -51,7 +52,11 @@ def _finite(v: Any) -> Any:
 
 
 def _xy(s, x: str = "steps") -> dict[str, list]:
-    return {"x": getattr(s, x)[-MAX_POINTS:], "y": [_finite(v) for v in s.values[-MAX_POINTS:]]}
+    xs, ys = getattr(s, x), s.values
+    if len(xs) > MAX_POINTS:
+        idx = [round(i * (len(xs) - 1) / (MAX_POINTS - 1)) for i in range(MAX_POINTS)]
+        xs, ys = [xs[i] for i in idx], [ys[i] for i in idx]
+    return {"x": list(xs), "y": [_finite(v) for v in ys]}
 
 
 class State:
@@ -67,6 +72,7 @@ class State:
         self._json: bytes = b""
         self._built = 0.0
         self._codecs: dict[str, Any] = {}
+        self._episodes: dict[str, dict[str, Any]] = {}  # traj_id -> decoded, for the page
         self.audit: dict[str, Any] = {"verdict": "pending", "checked_at": None, "policies": {}}
         self.t0: float | None = None
 
@@ -90,6 +96,17 @@ class State:
             codec = self._codecs[policy] = load_codec(ws.load(policy, v))
         return codec.decode(ids)
 
+    def _episode(self, policy: str, r: dict[str, Any]) -> dict[str, Any]:
+        if r["traj_id"] in self._episodes:
+            return self._episodes[r["traj_id"]]
+        extras = json.loads(r["extras"] or "{}")
+        return {"traj_id": r["traj_id"], "policy": policy, "version": r["behavior_version"],
+                "reward": r["reward"], "worker": r["worker"],
+                "finish": extras.get("finish_reason", ""),
+                "created_at": r["created_at"].timestamp(),
+                "prompt": self._decode(policy, r["prompt_ids"]),
+                "completion": self._decode(policy, r["completion_ids"])}
+
     def build(self) -> dict[str, Any]:
         v, flow = self.view, self.ctx.flow
         starts = [pr.times[0] for pr in v.rows.values() if pr.times]
@@ -103,25 +120,17 @@ class State:
             policies[p] = {
                 "summary": {k: _finite(x) for k, x in policy_summary(v, p).items()},
                 "reward": _xy(g("trainer", p, "reward_mean")),
-                "rollout_reward": _xy(g("rollout", p, "reward_mean"),
-                                      "times") | {"t0": t0},
                 "heldout": _xy(g("eval", p, "heldout_accuracy")),
                 "staleness": _xy(g("trainer", p, "staleness_mean")),
                 "trainer_wait": _xy(g("trainer", p, "trainer_wait_s")),
-                "step_time": _xy(g("trainer", p, "step_time_s")),
             }
         pools = {pool: {"t": [x - t0 for x in ts], "n": ns}
-                 for pool, (ts, ns) in v.workers_per_pool(bin_s=5.0).items()}
+                 for pool, (ts, ns) in v.workers_per_pool().items()}
         eps = []
         for p in v.policies:
             for r in v.rows[p].newest:
-                extras = json.loads(r["extras"] or "{}")
-                eps.append({"policy": p, "version": r["behavior_version"],
-                            "reward": r["reward"], "worker": r["worker"],
-                            "finish": extras.get("finish_reason", ""),
-                            "created_at": r["created_at"].timestamp(),
-                            "prompt": self._decode(p, r["prompt_ids"]),
-                            "completion": self._decode(p, r["completion_ids"])})
+                eps.append(self._episode(p, r))
+        self._episodes = {e["traj_id"]: e for e in eps}  # decoded once, kept while shown
         eps.sort(key=lambda e: -e["created_at"])
         return {"flow": flow.name, "mode": flow.mode, "store": self.ctx.store_uri,
                 "refreshed_at": v.refreshed_at, "refreshes": v.refreshes,

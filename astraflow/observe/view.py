@@ -23,6 +23,8 @@ from astraflow.run import RunContext
 from astraflow.stores import _lance
 from astraflow.stores.ledger import Progress
 
+#: Width of the time bins of `workers_per_pool`, seconds.
+BIN_S = 5.0
 #: Columns kept for every trajectory row (cheap): who produced it, when, how it scored.
 LIGHT = ["worker", "region", "created_at", "behavior_version", "reward"]
 #: Columns of the newest episodes shown on the dashboard.
@@ -88,6 +90,8 @@ class RunView:
         self.components: dict[str, dict[str, Any]] | None = None
         self._metrics_v = 0
         self._traj_v = dict.fromkeys(self.policies, 0)
+        #: pool -> time bin -> workers with rows in it, kept as rows arrive (BIN_S wide)
+        self._bins: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
 
     # -- reading ---------------------------------------------------------------
     def refresh(self) -> RunView:
@@ -149,9 +153,11 @@ class RunView:
         pr = self.rows[policy]
         light = new.select(["worker", "region", "created_at"]).to_pydict()
         for w, reg, t in zip(light["worker"], light["region"], light["created_at"], strict=True):
+            pool = pool_of(w, reg)
             pr.times.append(t.timestamp())
             pr.workers.append(w)
-            pr.pools.append(pool_of(w, reg))
+            pr.pools.append(pool)
+            self._bins[pool][int(t.timestamp() // BIN_S)].add(w)
         tail = new.slice(max(0, new.num_rows - (pr.newest.maxlen or 20)))
         pr.newest.extend(tail.drop_columns([_lance.CREATED_AT_VERSION]).to_pylist())
 
@@ -169,19 +175,14 @@ class RunView:
     def get(self, component: str, policy: str, name: str) -> Series:
         return self.series.get((component, policy, name)) or Series()
 
-    def workers_per_pool(self, policy: str | None = None, *, bin_s: float = 10.0,
-                         ) -> dict[str, tuple[list[float], list[int]]]:
-        """Distinct workers that committed rows in each `bin_s` window, per pool."""
-        seen: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
-        for p in [policy] if policy else self.policies:
-            pr = self.rows[p]
-            for t, w, pool in zip(pr.times, pr.workers, pr.pools, strict=True):
-                seen[pool][int(t // bin_s)].add(w)
+    def workers_per_pool(self) -> dict[str, tuple[list[float], list[int]]]:
+        """Distinct workers that committed rows in each BIN_S window, per pool (kept
+        incrementally: a refresh costs the same early and late in a run)."""
         out = {}
-        for pool, bins in seen.items():
+        for pool, bins in self._bins.items():
             lo, hi = min(bins), max(bins)
             xs = list(range(lo, hi + 1))
-            out[pool] = ([b * bin_s for b in xs], [len(bins.get(b, ())) for b in xs])
+            out[pool] = ([b * BIN_S for b in xs], [len(bins.get(b, ())) for b in xs])
         return out
 
     def live_workers(self, window_s: float = 60.0) -> dict[str, set[str]]:
