@@ -35,12 +35,13 @@ import socket
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import torch
 
 from astraflow.models.codec import Codec
-from astraflow.rollout.engine import Engine, Generation, make_engine
+from astraflow.rollout.engine import Engine, Generation, generate_with_stops, make_engine
 from astraflow.run import RunContext
 from astraflow.stores import Progress, TamperedWeights, WeightError
 from astraflow.workflows import Workflow
@@ -61,14 +62,15 @@ class _Actor:
         self.env_wait_s = 0.0
 
     def generate(self, role: str, prompts: list[list[int]], *, samples: int,
-                 max_new_tokens: int) -> Generation:
+                 max_new_tokens: int, stop: Sequence[str] = ()) -> Generation:
         policy = self.w.cast[role]
         engine = self.w.engines[policy]
         ro = self.w.ctx.flow.rollout
         t0 = time.time()
-        out = engine.generate(prompts, samples_per_prompt=samples, max_new_tokens=max_new_tokens,
-                              temperature=ro.temperature, generator=self.w.gen,
-                              max_prompt_tokens=ro.max_prompt_tokens)
+        out = generate_with_stops(
+            engine, prompts, stop, samples_per_prompt=samples, max_new_tokens=max_new_tokens,
+            temperature=ro.temperature, generator=self.w.gen,
+            max_prompt_tokens=ro.max_prompt_tokens)
         self.gen_s[policy] += time.time() - t0
         self.truncated[policy] += sum(r == "length" for r in out.finish_reasons)
         self.completions[policy] += len(out.completions)
@@ -231,7 +233,7 @@ class RolloutWorker:
                 "worker": self.worker_id, "region": self.region, "created_at": now,
                 "extras": json.dumps({
                     "host": self.host, "role": part.role,
-                    "finish_reason": part.finish_reason}),
+                    "finish_reason": part.finish_reason, **part.extras}),
             })
         self.batches += 1
         total = 0
