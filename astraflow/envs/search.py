@@ -33,6 +33,8 @@ from astraflow.envs.base import (
     ANSWER_OPEN,
     CALL_CLOSE,
     CALL_OPEN,
+    TOOL_CLOSE,
+    TOOL_OPEN,
     DemoTurn,
     Limits,
     Task,
@@ -182,8 +184,10 @@ class SearchEnv:
 
     def instructions(self) -> str:
         return ("Answer a question about a made-up world by searching its encyclopedia. "
-                "Tools:\n" + tool_listing(self.tools) + "\nCall one tool per turn. When you "
-                f"know the answer, reply {ANSWER_OPEN}ANSWER{ANSWER_CLOSE} with only the name.")
+                "Tools:\n" + tool_listing(self.tools) + "\nCall one tool per turn, e.g. "
+                f"{CALL_OPEN}search capital Oronia{CALL_CLOSE}; its result comes back as "
+                f"{TOOL_OPEN}…{TOOL_CLOSE}. When you know the answer, reply "
+                f"{ANSWER_OPEN}ANSWER{ANSWER_CLOSE} with only the name.")
 
     def reward(self, task: Task, answer: str | None) -> float:
         return 1.0 if answer is not None and _normal(answer) == _normal(task.answer) else 0.0

@@ -19,7 +19,8 @@ An episode ends with a recorded reason (the row's `finish_reason`):
   context    the context reached `max_context_tokens`
   timeout    the episode ran past `episode_timeout_s` (tool calls included)
 Only `answer` can earn reward. Rows also record `turns`, `tool_calls`,
-`tool_errors` (failed calls: unknown tool, exception, timeout) and `tool_s`.
+`tool_errors` (failed calls: unknown tool, exception, timeout), `tool_s` (seconds
+in its tool calls) and `episode_s` (its wall-clock time, tool calls included).
 
 Tool output enters the context rendered by the codec (`encode_tool_turn`):
 `<tool>…</tool>` for the tiny character model, a `user` message through the
@@ -78,6 +79,7 @@ class Episode:
     pending: Future | None = None
     call_started: float = 0.0
     call_deadline: float = 0.0
+    ended: float | None = None
     events: list[str] = field(default_factory=list)
     """What happened, in order (`turn`, `call:NAME`, `result:NAME`), for tests and logs."""
 
@@ -93,7 +95,8 @@ class Episode:
 
     def extras(self) -> dict[str, Any]:
         return {"turns": self.turns, "tool_calls": self.tool_calls,
-                "tool_errors": self.tool_errors, "tool_s": round(self.tool_s, 4)}
+                "tool_errors": self.tool_errors, "tool_s": round(self.tool_s, 4),
+                "episode_s": round((self.ended or self.started) - self.started, 4)}
 
 
 class ToolAgent(Workflow):
@@ -188,6 +191,9 @@ class ToolAgent(Workflow):
             self._collect(eps)
             now = time.monotonic()
             for e in eps:
+                if e.finish is not None and e.ended is None:
+                    e.ended = now
+            for e in eps:
                 if e.finish is None and e.pending is None and e.turns and self._late(e, now):
                     e.finish = "timeout"
             ready = [e for e in eps if e.finish is None and e.pending is None]
@@ -213,6 +219,9 @@ class ToolAgent(Workflow):
             for (e, r), comp, lps, why in zip(todo, gen.completions, gen.logprobs,
                                               gen.finish_reasons, strict=True):
                 self._after_turn(e, list(comp), list(lps), why, r)
+        now = time.monotonic()
+        for e in eps:
+            e.ended = e.ended or now
         self.last_episodes = eps
         return eps
 
