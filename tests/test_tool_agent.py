@@ -316,3 +316,37 @@ def test_search_flow_through_worker_and_trainer(tmp_path, search_policy_dir):
     res = tr.train_on(sl)
     assert tr.version == 1 and ctx.weights().latest("agent") == 1
     assert res.metrics["tokens"] == sum(sum(r["loss_mask"]) for r in rows)
+
+
+def test_turn_stop_strings_on_the_hf_engine_and_cut_after_the_fact_elsewhere():
+    import torch
+
+    from astraflow.models.factory import tiny_llama
+    from astraflow.rollout.engine import HFEngine, generate_with_stops
+
+    torch.manual_seed(0)
+    codec = CharCodec.default()
+    eng = HFEngine(tiny_llama(hidden_size=64, layers=2, heads=2, intermediate_size=128), codec)
+    stop = ("12", "7")
+    out = generate_with_stops(eng, [codec.encode("3+4=")] * 2, stop, max_new_tokens=30,
+                              samples_per_prompt=16, generator=torch.Generator().manual_seed(1))
+    hit = 0
+    for comp, lps, why in zip(out.completions, out.logprobs, out.finish_reasons, strict=True):
+        text = "".join(codec.decode([i]) for i in comp)
+        assert len(lps) == len(comp)
+        if any(s in text for s in stop):  # ends right at the first stop string
+            hit += 1
+            assert why == "stop" and any(text.endswith(s) for s in stop)
+            assert not any(s in text[:-1] for s in stop)
+    assert hit >= 4  # a random model writes a 7 within 30 characters often enough
+
+    class NoStopEngine:  # an engine that cannot stop at strings (as vllm): cut afterwards
+        codec = CODEC
+
+        def generate(self, prompts, **kw):
+            ids = CODEC.encode("<call>search x</call>junk")[1:]
+            return Generation([list(ids)], [[-1.0] * len(ids)], ["length"])
+
+    out = generate_with_stops(NoStopEngine(), [[1]], ("</call>", "</answer>"), max_new_tokens=9)
+    assert CODEC.decode(out.completions[0]) == "<call>search x</call>"
+    assert out.finish_reasons == ["stop"] and len(out.logprobs[0]) == len(out.completions[0])
