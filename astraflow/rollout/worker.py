@@ -254,6 +254,9 @@ class RolloutWorker:
                 "rows_shed": len(prow) if shed else 0, "reload_s": self.reload_s.pop(policy, 0.0),
                 "reward_mean": sum(r["reward"] for r in prow) / len(prow),
                 "truncated_frac": actor.truncated[policy] / max(actor.completions[policy], 1),
+                # multi-turn episodes (tool_agent): seconds their tool calls took, summed
+                "tool_s": sum(float(p.extras.get("tool_s", 0.0)) for p in parts
+                              if self.cast[p.role] == policy),
             }))
         self.ledger.log_many("rollout", metrics)
         return total
