@@ -350,3 +350,21 @@ def test_turn_stop_strings_on_the_hf_engine_and_cut_after_the_fact_elsewhere():
     out = generate_with_stops(NoStopEngine(), [[1]], ("</call>", "</answer>"), max_new_tokens=9)
     assert CODEC.decode(out.completions[0]) == "<call>search x</call>"
     assert out.finish_reasons == ["stop"] and len(out.logprobs[0]) == len(out.completions[0])
+
+
+def test_chat_models_read_tool_output_as_a_templated_message(smollm2_dir):
+    from astraflow.models.codec import load_codec
+
+    codec = load_codec(smollm2_dir)
+    ids = codec.encode_tool_turn("The capital of Ab is Cd.")
+    assert codec.tokenizer.decode(ids) == ("<|im_end|>\n<|im_start|>user\n<tool>The capital of "
+                                           "Ab is Cd.</tool><|im_end|>\n<|im_start|>assistant\n")
+    wf = ToolAgent(SearchEnv(entities=30, top_k=1), codec, samples_per_prompt=2)
+    d = wf.demo("agent", random.Random(0))
+    prompt = codec.tokenizer.decode(d.prompt_ids)
+    assert "<call>search ARG</call>" in prompt and prompt.endswith("<|im_start|>assistant\n")
+    own = codec.tokenizer.decode([i for i, m in zip(d.target_ids, d.target_mask, strict=True) if m])
+    read = codec.tokenizer.decode([i for i, m in zip(d.target_ids, d.target_mask, strict=True)
+                                   if not m])
+    assert own.startswith("<call>search ") and own.endswith("</answer>") and "<tool>" not in own
+    assert read.startswith("<|im_end|>") and "<tool>The " in read
