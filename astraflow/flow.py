@@ -85,6 +85,13 @@ class ModelSpec(Spec):
     lora: LoraSpec | None = None
     """Train LoRA adapters on version 0 instead of the whole model (off by default);
     e.g. `lora: {r: 8}`. See LoraSpec."""
+    alphabet: Literal["math", "ascii"] = "math"
+    """`tiny` only: the character vocabulary. `math` (32 symbols: digits and a few
+    operators) or `ascii` (printable ASCII and newline: what a tool-using workload
+    needs to write `<call>search …</call>` and read the tool's output)."""
+    max_positions: int = Field(64, ge=16)
+    """`tiny` only: the longest sequence the model is configured for (prompt plus every
+    turn of an episode); multi-turn workloads need a few hundred."""
 
     @model_validator(mode="after")
     def _kind_fields(self) -> ModelSpec:
@@ -113,7 +120,7 @@ class ModelSpec(Spec):
         return self
 
 
-_TINY_SHAPE = ("hidden_size", "layers", "heads", "intermediate_size")
+_TINY_SHAPE = ("hidden_size", "layers", "heads", "intermediate_size", "alphabet", "max_positions")
 
 
 class WarmStartSpec(Spec):
@@ -245,7 +252,9 @@ class WorkflowSpec(Spec):
 
     name: str = "single"
     """`single` (one policy answers each task), `solver_verifier` (a solver answers,
-    verifiers judge the answer), or `module:attr` for your own Workflow class."""
+    verifiers judge the answer), `tool_agent` (multi-turn episodes with the env's
+    tools), or `module:attr` for your own Workflow class. Default: `single` for the
+    `math` env, `tool_agent` for every other env."""
     roles: dict[str, str] = {}
     """Role → policy name. A role left out is played by the policy of the same name;
     in a one-policy flow every role defaults to that policy."""
@@ -262,8 +271,14 @@ class WorkflowSpec(Spec):
 
 
 class EnvSpec(Spec):
-    name: Literal["math"] = "math"
-    """The workload: `math` (synthetic arithmetic, see astraflow.envs.math)."""
+    name: str = "math"
+    """The workload: a built-in environment (`math`: synthetic arithmetic, `search`: a
+    local corpus behind a full-text `search` tool, `code`, `sql`; see astraflow.envs)
+    or `module:attr` naming your own Env class. Loaded when a component builds it, so
+    a missing module fails there, naming it."""
+    params: dict[str, Any] = {}
+    """Passed to the environment's constructor (e.g. `search`: `entities: 300`).
+    The math fields below are `math`'s own and ignored by every other env."""
     style: Literal["compact", "question", "word"] = "compact"
     """`compact`: `042+917=` for the tiny character model (exact-match reward).
     `question` ("What is 59 + 7? Reply with only the number.") and `word` (a short
@@ -281,8 +296,17 @@ class EnvSpec(Spec):
     eval_size: int = Field(500, ge=10)
     """Held-out tasks for the final evaluation (disjoint from training tasks)."""
     turn_latency_ms: float = Field(0.0, ge=0)
-    """Modelled wait per episode turn (a remote tool, sandbox or environment).
-    The episodes of a batch wait concurrently, as async tool calls do."""
+    """A benchmark knob: a modelled wait per turn of the `single` and `solver_verifier`
+    workflows (the episodes of a batch wait concurrently). Tool-using envs wait on
+    their real tools instead (`tool_agent`)."""
+
+    @field_validator("name")
+    @classmethod
+    def _env_name(cls, v: str) -> str:
+        from astraflow.envs import check_env_name
+
+        check_env_name(v)  # form only: the module is imported when the env is built
+        return v
 
 
 class RolloutSpec(Spec):
@@ -457,6 +481,20 @@ class FlowSpec(Spec):
     """Cloud placement for `astraflow launch` (trainers and rollout pools; see
     astraflow.cloud); needs an s3:// `store.uri`. Ignored by `astraflow run`."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_workflow(cls, data: Any) -> Any:
+        """An env other than math plays multi-turn episodes with its tools unless the flow
+        names a workflow."""
+        if not isinstance(data, dict):
+            return data
+        env = data.get("env")
+        name = env.get("name", "math") if isinstance(env, dict) else getattr(env, "name", "math")
+        wf = data.get("workflow")
+        if name != "math" and (wf is None or (isinstance(wf, dict) and "name" not in wf)):
+            data = {**data, "workflow": {**(wf or {}), "name": "tool_agent"}}
+        return data
+
     @field_validator("policies")
     @classmethod
     def _unique_policies(cls, v: list[PolicySpec]) -> list[PolicySpec]:
@@ -483,7 +521,7 @@ class FlowSpec(Spec):
         if idle:
             raise ValueError(f"policies {idle} play no role of workflow {self.workflow.name!r} "
                              f"(roles: {list(roles)}), so their trainers would never get data")
-        tokenizers = {(p.model.kind, p.model.path) for p in self.policies}
+        tokenizers = {(p.model.kind, p.model.path, p.model.alphabet) for p in self.policies}
         if len(tokenizers) > 1:
             raise ValueError(f"policies of one workflow share one tokenizer (episodes pass "
                              f"token ids between roles), but their models differ: "

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from astraflow.envs.math import MathEnv
+from astraflow.envs import build_env
+from astraflow.envs.base import Env
 from astraflow.workflows import Workflow, resolve_workflow
 
 if TYPE_CHECKING:
@@ -18,10 +19,15 @@ if TYPE_CHECKING:
     from astraflow.models.codec import Codec
 
 
-def make_env(flow: FlowSpec) -> MathEnv:
+def make_env(flow: FlowSpec) -> Env:
+    """The flow's env: `math` from its own fields (plus any `params`), every other env
+    from `env.params` (built-in name or `module:attr`, see astraflow.envs)."""
     e = flow.env
-    return MathEnv(digits=e.digits, op=e.op, heldout_fraction=e.heldout_fraction, style=e.style,
-                   digits_b=e.digits_b)
+    if e.name == "math":
+        params = dict(digits=e.digits, op=e.op, heldout_fraction=e.heldout_fraction,
+                      style=e.style, digits_b=e.digits_b)
+        return build_env("math", {**params, **e.params})
+    return build_env(e.name, dict(e.params))
 
 
 def make_workflow(flow: FlowSpec, codec: Codec) -> Workflow:

@@ -21,7 +21,10 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from astraflow.envs.base import DemoTurn, Limits, Tool
 
 _ANSWER = re.compile(r"^\s*(-?\d+)\s*$")
 _BOXED = re.compile(r"\\boxed\{\s*(-?[\d,]+)\s*\}")
@@ -73,9 +76,14 @@ def _heldout(a: int, b: int, fraction: float) -> bool:
 
 class MathEnv:
     """a op b; `compact` operands have up to `digits` digits (zero-padded), `question`
-    and `word` operands exactly `digits` (a) and `digits_b` (b) digits."""
+    and `word` operands exactly `digits` (a) and `digits_b` (b) digits.
+
+    An `Env` (astraflow.envs.base) with no tools and one turn: the model answers at
+    once, in plain text (no `<answer>` tags), as the `single` workflow expects."""
 
     name = "math"
+    tools: Mapping[str, Tool] = {}
+    limits = Limits()
 
     def __init__(self, digits: int = 3, op: str = "+", heldout_fraction: float = 0.05, *,
                  style: str = "compact", digits_b: int | None = None):
@@ -145,9 +153,20 @@ class MathEnv:
         a, b = (int(x) for x in task.task_id.split(self.op, 1))
         return _heldout(a, b, self.heldout_fraction)
 
-    def reward(self, task: Task, completion: str) -> float:
+    def instructions(self) -> str:
+        """None: the task's prompt says it all."""
+        return ""
+
+    def demonstration(self, task: Task, rng: random.Random) -> list[DemoTurn]:
+        """The answer, as one model turn."""
+        return [DemoTurn("model", task.answer)]
+
+    def reward(self, task: Task, completion: str | None) -> float:
         """`compact`: 1.0 iff the completion is exactly an integer equal to the answer.
-        `question` / `word`: 1.0 iff the answer parsed from free text (`parse_answer`) is."""
+        `question` / `word`: 1.0 iff the answer parsed from free text (`parse_answer`) is.
+        None (an episode that ended without an answer) scores 0."""
+        if completion is None:
+            return 0.0
         if self.style == "compact":
             m = _ANSWER.match(completion)
             return 1.0 if m is not None and int(m.group(1)) == int(task.answer) else 0.0

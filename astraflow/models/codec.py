@@ -59,6 +59,13 @@ class Codec(Protocol):
         ends a completion in an engine that decodes as it generates."""
         ...
 
+    def encode_tool_turn(self, output: str) -> list[int]:
+        """The ids that follow a model turn ended at a tool call: they close the model's
+        turn, show the tool's `output` and open the model's next turn. Plain
+        `<tool>…</tool>` for the character codec; a message through the chat template
+        for chat models."""
+        ...
+
 
 #: End-of-turn tokens of common chat templates. A completion ends at any of them that
 #: the model's template uses, not only at EOS: an instruct model closes its turn
@@ -155,6 +162,27 @@ class HFCodec:
         return any(s in text for s in self.stop_strings)
 
 
+    def encode_tool_turn(self, output: str) -> list[int]:
+        """The tool's output as a `user` message wrapped in `<tool>…</tool>`, rendered by
+        the chat template after the model's (unclosed) turn, the next assistant turn
+        opened. Why `user`: SmolLM2's template renders any role, but the model was tuned
+        on system/user/assistant only. Rendered as text after a marker assistant message
+        and tokenized without special-token additions, so what comes back is exactly
+        the template's turn closing, the message and the generation prompt."""
+        from astraflow.envs.base import TOOL_CLOSE, TOOL_OPEN
+
+        if not self.is_chat:
+            return [int(i) for i in self.tokenizer.encode(f"{TOOL_OPEN}{output}{TOOL_CLOSE}",
+                                                          add_special_tokens=False)]
+        marker = "\x00ASTRAFLOW-TURN\x00"
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker},
+             {"role": "user", "content": f"{TOOL_OPEN}{output}{TOOL_CLOSE}"}],
+            add_generation_prompt=True, tokenize=False)
+        after = text[text.index(marker) + len(marker):]
+        return [int(i) for i in self.tokenizer.encode(after, add_special_tokens=False)]
+
+
 def _generation_eos(path: Path) -> list[int]:
     """generation_config.json's eos_token_id (an int or a list), if the folder has one."""
     f = path / "generation_config.json"
@@ -169,14 +197,14 @@ def _generation_eos(path: Path) -> list[int]:
 def is_char_tokenizer(path: str | Path) -> bool:
     """Whether a folder's tokenizer is the tiny model's character vocabulary, read from
     tokenizer.json directly (no tokenizer is built)."""
-    from astraflow.models.tokenizer import CHARS, SPECIALS
+    from astraflow.models.tokenizer import ALPHABETS, alphabet_vocab
 
     f = Path(path) / "tokenizer.json"
     if not f.is_file():
         return False
     model = json.loads(f.read_text()).get("model", {})
-    want = {t: i for i, t in enumerate([*SPECIALS, *CHARS])}
-    return model.get("type") == "WordLevel" and model.get("vocab") == want
+    return model.get("type") == "WordLevel" and any(
+        model.get("vocab") == alphabet_vocab(a) for a in ALPHABETS)
 
 
 def load_codec(path: str | Path, *, stop_strings: Sequence[str] = ()) -> Codec:

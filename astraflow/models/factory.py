@@ -16,17 +16,18 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from .hf import load_policy, load_weights_into
 from .hf import save_policy as hf_save_policy
-from .tokenizer import build_char_tokenizer
+from .tokenizer import ALPHABETS, alphabet_vocab, build_char_tokenizer
 
 __all__ = ["load_policy", "load_weights_into", "save_policy", "tiny_llama"]
 
 
 def tiny_llama(
     *, hidden_size: int = 128, layers: int = 4, heads: int = 4, intermediate_size: int = 512,
-    max_positions: int = 64, seed: int = 0,
+    max_positions: int = 64, seed: int = 0, alphabet: str = "math",
 ) -> LlamaForCausalLM:
-    """About 1 M parameters with a 32-symbol vocab; head size 32 fits vLLM's CPU attention."""
-    tok = build_char_tokenizer()
+    """About 1 M parameters with a 32-symbol vocab (`alphabet: ascii`: 100 symbols, for
+    the tool-using workloads); head size 32 fits vLLM's CPU attention."""
+    tok = build_char_tokenizer(alphabet)
     config = LlamaConfig(
         vocab_size=len(tok.get_vocab()), hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
@@ -43,12 +44,15 @@ def save_policy(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast | Non
     tokenizer as its source. Only for tiny models built here; every other policy
     publishes through `astraflow.models.hf.save_policy` with the source it was loaded
     from, and this refuses them rather than give them the character tokenizer."""
-    vocab = len(build_char_tokenizer().get_vocab())
-    if getattr(model.config, "vocab_size", None) != vocab:
-        raise ValueError(f"save_policy(model, tokenizer, path) writes the {vocab}-symbol "
-                         f"character tokenizer; this model's vocab is "
+    sizes = {len(alphabet_vocab(a)): a for a in ALPHABETS}
+    vocab = getattr(model.config, "vocab_size", None)
+    if tokenizer is None and vocab in sizes:
+        tokenizer = build_char_tokenizer(sizes[vocab])
+    if tokenizer is None or len(tokenizer.get_vocab()) != vocab:
+        raise ValueError(f"save_policy(model, tokenizer, path) writes a character "
+                         f"tokenizer ({sorted(sizes)} symbols); this model's vocab is "
                          f"{model.config.vocab_size}: use astraflow.models.hf.save_policy("
                          f"model, path, source=<the folder it was loaded from>)")
     with tempfile.TemporaryDirectory(prefix="astraflow-tok-") as tmp:
-        (tokenizer or build_char_tokenizer()).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
         hf_save_policy(model, path, source=tmp)

@@ -68,7 +68,8 @@ def build_model(spec: ModelSpec, *, seed: int = 0, device: str | torch.device = 
 
     if spec.kind == "tiny":
         model = tiny_llama(hidden_size=spec.hidden_size, layers=spec.layers, heads=spec.heads,
-                           intermediate_size=spec.intermediate_size, seed=seed)
+                           intermediate_size=spec.intermediate_size, seed=seed,
+                           alphabet=spec.alphabet, max_positions=spec.max_positions)
         return model.to(device=device, dtype=resolve_dtype(spec.dtype, device))
     assert spec.path is not None  # ModelSpec refuses hf without a path
     # A source may still ship pickled weights (pytorch_model.bin): transformers loads
@@ -93,7 +94,7 @@ def source_files(spec: ModelSpec) -> dict[str, bytes]:
 
     with tempfile.TemporaryDirectory(prefix="astraflow-src-") as tmp:
         if spec.kind == "tiny":
-            build_char_tokenizer().save_pretrained(tmp)
+            build_char_tokenizer(spec.alphabet).save_pretrained(tmp)
         else:
             assert spec.path is not None
             AutoTokenizer.from_pretrained(spec.path).save_pretrained(tmp)

@@ -14,6 +14,7 @@ the flow's `rollout.engine` (`hf` here, `vllm` in vllm_engine.py).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -111,13 +112,16 @@ class HFEngine:
         greedy: bool = False,
         generator: torch.Generator | None = None,
         max_prompt_tokens: int | None = None,
+        stop: Sequence[str] = (),
     ) -> Generation:
         """Sample `samples_per_prompt` completions of each prompt (prompt-major order).
 
         The prompt is prefilled once and its KV cache repeated for the samples:
         with 8 samples a prompt that is most of the generation compute saved.
         A completion ends at any of the codec's stop ids (kept as its last
-        token, so the trainer teaches the model to stop) or stop strings.
+        token, so the trainer teaches the model to stop), its stop strings, or the
+        strings of `stop` (a multi-turn workflow's turn ends, e.g. `</call>`), which
+        stay in the completion: the model learns to write them.
         """
         if not prompts:
             return Generation([], [], [])
@@ -142,6 +146,7 @@ class HFEngine:
             mask = mask.repeat_interleave(k, dim=0)
             next_pos = next_pos.repeat_interleave(k, dim=0)
             n = n * k
+        tail = max((len(x) for x in stop), default=0) + 4  # tokens: each is >= 1 char
         tokens = torch.empty((n, max_new_tokens), dtype=torch.long)
         logps = torch.empty((n, max_new_tokens), dtype=torch.float32)
         done = torch.zeros(n, dtype=torch.bool)
@@ -157,9 +162,12 @@ class HFEngine:
             tokens[:, t] = tok
             logps[:, t] = logp_all.gather(-1, tok[:, None]).squeeze(-1)
             newly = torch.isin(tok, self._stop_ids) & ~done
-            if self.codec.stop_strings:
+            if self.codec.stop_strings or stop:
                 for i in (~done & ~newly).nonzero().flatten().tolist():
-                    if self.codec.hits_stop_string(tokens[i, : t + 1].tolist()):
+                    row = tokens[i, : t + 1].tolist()
+                    if ((self.codec.stop_strings and self.codec.hits_stop_string(row))
+                            # a turn's stop string ends at this token: its text is in the tail
+                            or (stop and _tail_hits(self.codec, row, stop, tail))):
                         newly[i] = True
             lengths[newly] = t + 1
             done |= newly
@@ -178,6 +186,46 @@ class HFEngine:
             comps.append(tokens[i, :k].tolist())
             lps.append(logps[i, :k].tolist())
         return Generation(comps, lps, [STOP if bool(s) else LENGTH for s in done])
+
+
+def _tail_hits(codec: Codec, row: list[int], stop: Sequence[str], tail: int) -> bool:
+    text = codec.decode(row[-tail:])
+    return any(x in text for x in stop)
+
+
+def stop_cut(codec: Codec, ids: Sequence[int], stop: Sequence[str]) -> int | None:
+    """The length of the shortest prefix of `ids` whose text holds a string of `stop`
+    (None: none does)."""
+    if not stop or not any(x in codec.decode(ids) for x in stop):
+        return None
+    for k in range(1, len(ids) + 1):
+        text = codec.decode(ids[:k])
+        if any(x in text for x in stop):
+            return k
+    return None
+
+
+def generate_with_stops(engine: Engine, prompts: list[list[int]], stop: Sequence[str],
+                        **kwargs) -> Generation:
+    """`engine.generate` with per-call stop strings on any engine.
+
+    The hf engine stops at them itself (`stop=`). Others (vllm, which runs without a
+    detokenizer) generate the whole turn; the completion is then cut right after the
+    first stop string and marked `stop`. The cut keeps the distribution exact (every
+    kept token was sampled with the same context, so its logprob stands) and costs
+    only the tokens generated past the stop."""
+    if not stop:
+        return engine.generate(prompts, **kwargs)
+    if "stop" in inspect.signature(engine.generate).parameters:
+        out = engine.generate(prompts, stop=tuple(stop), **kwargs)
+    else:
+        out = engine.generate(prompts, **kwargs)
+    for i, comp in enumerate(out.completions):
+        k = stop_cut(engine.codec, comp, stop)
+        if k is not None and (k < len(comp) or out.finish_reasons[i] != STOP):
+            out.completions[i], out.logprobs[i] = comp[:k], out.logprobs[i][:k]
+            out.finish_reasons[i] = STOP
+    return out
 
 
 def check_engine(kind: str) -> None:

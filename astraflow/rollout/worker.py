@@ -35,13 +35,14 @@ import socket
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 
 from astraflow.models.codec import Codec
-from astraflow.rollout.engine import Engine, Generation, make_engine
+from astraflow.rollout.engine import Engine, Generation, generate_with_stops, make_engine
 from astraflow.run import RunContext
 from astraflow.stores import Progress, TamperedWeights, WeightError
 from astraflow.workflows import Workflow
@@ -62,14 +63,15 @@ class _Actor:
         self.env_wait_s = 0.0
 
     def generate(self, role: str, prompts: list[list[int]], *, samples: int,
-                 max_new_tokens: int) -> Generation:
+                 max_new_tokens: int, stop: Sequence[str] = ()) -> Generation:
         policy = self.w.cast[role]
         engine = self.w.engines[policy]
         ro = self.w.ctx.flow.rollout
         t0 = time.time()
-        out = engine.generate(prompts, samples_per_prompt=samples, max_new_tokens=max_new_tokens,
-                              temperature=ro.temperature, generator=self.w.gen,
-                              max_prompt_tokens=ro.max_prompt_tokens)
+        out = generate_with_stops(
+            engine, prompts, stop, samples_per_prompt=samples, max_new_tokens=max_new_tokens,
+            temperature=ro.temperature, generator=self.w.gen,
+            max_prompt_tokens=ro.max_prompt_tokens)
         self.gen_s[policy] += time.time() - t0
         self.truncated[policy] += sum(r == "length" for r in out.finish_reasons)
         self.completions[policy] += len(out.completions)
@@ -238,7 +240,7 @@ class RolloutWorker:
                 "worker": self.worker_id, "region": self.region, "created_at": now,
                 "extras": json.dumps({
                     "host": self.host, "role": part.role,
-                    "finish_reason": part.finish_reason}),
+                    "finish_reason": part.finish_reason, **part.extras}),
             })
         self.batches += 1
         total = 0
@@ -259,6 +261,9 @@ class RolloutWorker:
                 "rows_shed": len(prow) if shed else 0, "reload_s": self.reload_s.pop(policy, 0.0),
                 "reward_mean": sum(r["reward"] for r in prow) / len(prow),
                 "truncated_frac": actor.truncated[policy] / max(actor.completions[policy], 1),
+                # multi-turn episodes (tool_agent): seconds their tool calls took, summed
+                "tool_s": sum(float(p.extras.get("tool_s", 0.0)) for p in parts
+                              if self.cast[p.role] == policy),
             }))
         metrics.append((self.worker_id, self.batches, {"worker_rows": total}))  # scale: per worker
         self.ledger.log_many("rollout", metrics)

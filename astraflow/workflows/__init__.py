@@ -15,8 +15,10 @@ import importlib
 from astraflow.workflows.base import Actor, Demo, EvalItem, Part, Workflow
 from astraflow.workflows.single import SingleTurn
 from astraflow.workflows.solver_verifier import SolverVerifier
+from astraflow.workflows.tool_agent import ToolAgent
 
-BUILTIN: dict[str, type[Workflow]] = {"single": SingleTurn, "solver_verifier": SolverVerifier}
+BUILTIN: dict[str, type[Workflow]] = {"single": SingleTurn, "solver_verifier": SolverVerifier,
+                                      "tool_agent": ToolAgent}
 
 
 def resolve_workflow(name: str) -> type[Workflow]:
@@ -36,5 +38,6 @@ def resolve_workflow(name: str) -> type[Workflow]:
     return obj
 
 
-__all__ = ["Actor", "BUILTIN", "Demo", "EvalItem", "Part", "SingleTurn", "SolverVerifier", "Workflow",
+__all__ = ["Actor", "BUILTIN", "Demo", "EvalItem", "Part", "SingleTurn", "SolverVerifier", "ToolAgent",
+           "Workflow",
            "resolve_workflow"]

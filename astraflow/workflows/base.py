@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:  # flow validation resolves workflows: keep torch/transformers out of it
-    from astraflow.envs.math import MathEnv
+    from astraflow.envs.base import Env
     from astraflow.models.codec import Codec
     from astraflow.rollout.engine import Generation
 
@@ -35,7 +35,11 @@ class Part:
     reward: float
     finish_reason: str = "stop"
     """How this policy's (last) turn ended: `stop` (a stop id or string) or `length`
-    (cut at max_new_tokens: truncated). Recorded in the row's extras."""
+    (cut at max_new_tokens: truncated); a multi-turn episode's ending (`answer`,
+    `max_turns`, `context`, `timeout`, ...: see tool_agent). Recorded in the row's extras."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """More facts for the row's `extras` JSON (a multi-turn episode's turns, tool calls,
+    tool errors and tool seconds), so a user can query why episodes fail."""
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -56,7 +60,8 @@ class Part:
     @classmethod
     def from_segments(cls, role: str, task_id: str, group: str, prompt_ids: list[int],
                       segments: list[tuple[list[int], list[float] | None]], reward: float,
-                      finish_reason: str = "stop") -> Part:
+                      finish_reason: str = "stop", extras: dict[str, Any] | None = None
+                      ) -> Part:
         """A multi-turn part: `segments` in episode order, each (token ids, logprobs) for
         a turn this policy sampled, or (token ids, None) for tokens it only read (another
         policy's turn, a tool's output) — kept for the forward pass, masked out of the loss."""
@@ -67,7 +72,8 @@ class Part:
             ids.extend(tokens)
             lps.extend([0.0] * len(tokens) if logprobs is None else logprobs)
             mask.extend([0 if logprobs is None else 1] * len(tokens))
-        return cls(role, task_id, group, prompt_ids, ids, lps, mask, reward, finish_reason)
+        return cls(role, task_id, group, prompt_ids, ids, lps, mask, reward, finish_reason,
+                   dict(extras or {}))
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,10 @@ class Actor(Protocol):
     codec: Codec
 
     def generate(self, role: str, prompts: list[list[int]], *, samples: int,
-                 max_new_tokens: int) -> Generation: ...
+                 max_new_tokens: int, stop: Sequence[str] = ()) -> Generation:
+        """`samples` completions of each prompt; each ends at a stop id, at `max_new_tokens`,
+        or at the end of the first string of `stop` in its text (kept in the completion)."""
+        ...
 
     def env_wait(self) -> None:
         """The modelled environment/tool wait of one turn (the batch's episodes wait
@@ -110,7 +119,7 @@ class Workflow(ABC):
     metric: ClassVar[Mapping[str, str]] = {}
     """Role → name of its held-out metric, for progress and summaries."""
 
-    def __init__(self, env: MathEnv, codec: Codec, *, samples_per_prompt: int,
+    def __init__(self, env: Env, codec: Codec, *, samples_per_prompt: int,
                  max_new_tokens: int | None = None, **params: Any):
         if params:
             raise ValueError(f"workflow {type(self).__name__} takes no parameters "

@@ -1,0 +1,355 @@
+"""`tool_agent`: multi-turn episodes in which one policy calls the env's tools.
+
+    prompt ──► model turn (ends at `</call>` or `</answer>`) ──► tool call (a thread)
+           ──► tool output (read, loss mask 0) ──► model turn ──► … ──► `<answer>`
+
+Each episode's context grows turn by turn. Only unfinished episodes generate,
+and only those not waiting on a tool: the calls run on a thread pool, each under
+its own timeout, and an episode whose tool is slow sits out the next generation
+rounds while the others go on (it rejoins as soon as its result is back). So a
+slow tool delays only its own episode. After a round, the actor waits for the
+batch's outstanding calls at most about as long as the first one took, so fast
+tools still batch their next turns together.
+
+An episode ends with a recorded reason (the row's `finish_reason`):
+  answer     the model wrote `<answer>…</answer>` (the reward scores it)
+  no_action  a turn ended (stop id) with neither a call nor an answer
+  length     a turn was cut at `rollout.max_new_tokens` with neither
+  max_turns  the model called a tool on its last allowed turn
+  context    the context reached `max_context_tokens`
+  timeout    the episode ran past `episode_timeout_s` (tool calls included)
+Only `answer` can earn reward. Rows also record `turns`, `tool_calls`,
+`tool_errors` (failed calls: unknown tool, exception, timeout), `tool_s` (seconds
+in its tool calls) and `episode_s` (its wall-clock time, tool calls included).
+
+Tool output enters the context rendered by the codec (`encode_tool_turn`):
+`<tool>…</tool>` for the tiny character model, a `user` message through the
+chat template for chat models; its tokens carry loss mask 0 and logprob 0.
+Evaluation (`score`) plays the same episodes greedily with the same tools.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from astraflow.envs.base import (
+    TURN_STOPS,
+    Answer,
+    Limits,
+    Task,
+    Tool,
+    ToolCall,
+    ToolResult,
+    parse_action,
+)
+from astraflow.workflows.base import Actor, Demo, EvalItem, Part, Workflow
+
+if TYPE_CHECKING:
+    from astraflow.envs.base import Env
+    from astraflow.models.codec import Codec
+    from astraflow.rollout.engine import Generation
+
+#: generate(prompts, samples, max_new_tokens) -> Generation, ending turns at TURN_STOPS.
+GenerateFn = Callable[[list[list[int]], int, int], "Generation"]
+FINISH_REASONS = ("answer", "no_action", "length", "max_turns", "context", "timeout")
+
+
+@dataclass
+class Episode:
+    """One episode's state while it is played (and its record afterwards)."""
+
+    task: Task
+    group: str
+    prompt: list[int]
+    started: float
+    segments: list[tuple[list[int], list[float] | None]] = field(default_factory=list)
+    length: int = 0
+    """Tokens of the context after the prompt."""
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_s: float = 0.0
+    answer: str | None = None
+    finish: str | None = None
+    pending: Future | None = None
+    call_started: float = 0.0
+    call_deadline: float = 0.0
+    ended: float | None = None
+    events: list[str] = field(default_factory=list)
+    """What happened, in order (`turn`, `call:NAME`, `result:NAME`), for tests and logs."""
+
+    def context(self) -> list[int]:
+        out = list(self.prompt)
+        for ids, _ in self.segments:
+            out.extend(ids)
+        return out
+
+    def add(self, ids: list[int], logprobs: list[float] | None) -> None:
+        self.segments.append((list(ids), None if logprobs is None else list(logprobs)))
+        self.length += len(ids)
+
+    def extras(self) -> dict[str, Any]:
+        return {"turns": self.turns, "tool_calls": self.tool_calls,
+                "tool_errors": self.tool_errors, "tool_s": round(self.tool_s, 4),
+                "episode_s": round((self.ended or self.started) - self.started, 4)}
+
+
+class ToolAgent(Workflow):
+    """One policy (role `agent`) plays multi-turn episodes with the env's tools.
+
+    Parameters (`workflow.params`): `max_turns`, `max_context_tokens` and
+    `episode_timeout_s` override the env's `limits`; `instructions` (default: on for
+    chat models, off for the tiny model, which learns the format from its
+    demonstrations) puts the env's tool listing before each task; `tool_threads`
+    sizes the pool the calls run on; `max_tool_chars` cuts a tool's output."""
+
+    roles: ClassVar[tuple[str, ...]] = ("agent",)
+    metric: ClassVar[Mapping[str, str]] = {"agent": "success"}
+
+    def __init__(self, env: Env, codec: Codec, *, samples_per_prompt: int,
+                 max_new_tokens: int | None = None, max_turns: int | None = None,
+                 max_context_tokens: int | None = None, episode_timeout_s: float | None = None,
+                 instructions: bool | None = None, tool_threads: int = 16,
+                 max_tool_chars: int = 2000):
+        super().__init__(env, codec, samples_per_prompt=samples_per_prompt,
+                         max_new_tokens=max_new_tokens)
+        base = env.limits
+        self.limits = Limits(
+            max_turns=max_turns or base.max_turns,
+            max_context_tokens=max_context_tokens or base.max_context_tokens,
+            episode_timeout_s=episode_timeout_s or base.episode_timeout_s)
+        self.show_instructions = codec.is_chat if instructions is None else instructions
+        self.max_tool_chars = max_tool_chars
+        self._pool = ThreadPoolExecutor(max_workers=tool_threads, thread_name_prefix="tool")
+        self.last_episodes: list[Episode] = []
+        """The episodes of the latest `episodes` / `score` call (stats for reports)."""
+
+    # -- prompts and demonstrations ----------------------------------------------
+    def task_prompt(self, task: Task) -> list[int]:
+        text = task.prompt
+        if self.show_instructions and (inst := self.env.instructions()):
+            text = f"{inst}\n\n{text}"
+        return self.encode_prompt(text)
+
+    def _text_ids(self, text: str) -> list[int]:
+        """A model turn's text as ids, without BOS (it continues a context)."""
+        ids = self.codec.encode(text)
+        bos = getattr(self.codec, "bos_id", None)
+        tok = getattr(self.codec, "tokenizer", None)
+        if tok is not None:
+            ids = [int(i) for i in tok.encode(text, add_special_tokens=False)]
+        elif ids and bos is not None and ids[0] == bos:
+            ids = ids[1:]
+        return ids
+
+    def demo(self, role: str, rng: random.Random) -> Demo:
+        """A demonstrated episode: model turns trained on (mask 1), tool output read (0)."""
+        task = self.env.sample(rng)
+        ids: list[int] = []
+        mask: list[int] = []
+        for turn in self.env.demonstration(task, rng):
+            if turn.who == "tool":
+                seg = self.codec.encode_tool_turn(turn.text[: self.max_tool_chars])
+            elif turn.who == "model":
+                seg = self._text_ids(turn.text)
+            else:
+                raise ValueError(f"demonstration turn by {turn.who!r}: 'model' or 'tool'")
+            ids.extend(seg)
+            mask.extend([1 if turn.who == "model" else 0] * len(seg))
+        return Demo(self.task_prompt(task), ids, mask)
+
+    # -- episodes ----------------------------------------------------------------
+    def episodes(self, tasks: list[Task], actor: Actor) -> list[Part]:
+        mnt = self.max_new_tokens("agent")
+
+        def generate(prompts: list[list[int]], samples: int, max_new: int) -> Generation:
+            return actor.generate("agent", prompts, samples=samples, max_new_tokens=max_new,
+                                  stop=TURN_STOPS)
+
+        eps = self.play(tasks, self.k, generate, mnt)
+        return [Part.from_segments("agent", e.task.task_id, e.group, e.prompt, e.segments,
+                                   self.env.reward(e.task, e.answer), e.finish or "answer",
+                                   e.extras()) for e in eps]
+
+    def play(self, tasks: list[Task], k: int, generate: GenerateFn, max_new_tokens: int
+             ) -> list[Episode]:
+        """Play `k` episodes of each task to their ends; returns them in task-major order."""
+        now = time.monotonic()
+        prompts = [self.task_prompt(t) for t in tasks]
+        eps = [Episode(t, f"t{i}", prompts[i], now) for i, t in enumerate(tasks) for _ in range(k)]
+        limit = self.limits.max_context_tokens
+        if limit is not None and (longest := max((len(p) for p in prompts), default=0)) >= limit:
+            raise ValueError(f"a prompt of {longest} tokens leaves no room under "
+                             f"max_context_tokens={limit}")
+        first = True
+        while True:
+            self._collect(eps)
+            now = time.monotonic()
+            for e in eps:
+                if e.finish is not None and e.ended is None:
+                    e.ended = now
+            for e in eps:
+                if e.finish is None and e.pending is None and e.turns and self._late(e, now):
+                    e.finish = "timeout"
+            ready = [e for e in eps if e.finish is None and e.pending is None]
+            if not ready:
+                if not any(e.pending is not None for e in eps):
+                    break
+                self._wait(eps)
+                continue
+            room = [max_new_tokens if limit is None
+                    else min(max_new_tokens, limit - len(e.prompt) - e.length) for e in ready]
+            for e, r in zip(ready, room, strict=True):
+                if r < 1:
+                    e.finish = "context"
+            todo = [(e, r) for e, r in zip(ready, room, strict=True) if r >= 1]
+            if not todo:
+                continue
+            width = max(r for _, r in todo)
+            if first and k > 1 and len(todo) == len(eps):  # one prefill per task, k samples
+                gen = generate(prompts, k, width)
+            else:
+                gen = generate([e.context() for e, _ in todo], 1, width)
+            first = False
+            for (e, r), comp, lps, why in zip(todo, gen.completions, gen.logprobs,
+                                              gen.finish_reasons, strict=True):
+                self._after_turn(e, list(comp), list(lps), why, r)
+        now = time.monotonic()
+        for e in eps:
+            e.ended = e.ended or now
+        self.last_episodes = eps
+        return eps
+
+    def _late(self, e: Episode, now: float) -> bool:
+        lim = self.limits.episode_timeout_s
+        return lim is not None and now - e.started > lim
+
+    def _after_turn(self, e: Episode, comp: list[int], lps: list[float], why: str,
+                    room: int) -> None:
+        if len(comp) > room:  # generated with a wider batch's budget: cut to its own
+            comp, lps, why = comp[:room], lps[:room], "length"
+        e.add(comp, lps)
+        e.turns += 1
+        e.events.append("turn")
+        action = parse_action(self.codec.decode(comp))
+        if isinstance(action, Answer):
+            e.answer, e.finish = action.text, "answer"
+        elif isinstance(action, ToolCall):
+            if e.turns >= self.limits.max_turns:
+                e.finish = "max_turns"
+            else:
+                self._call(e, action)
+        elif why == "length":
+            at_limit = (self.limits.max_context_tokens is not None
+                        and len(e.prompt) + e.length >= self.limits.max_context_tokens)
+            e.finish = "context" if at_limit else "length"
+        else:
+            e.finish = "no_action"
+
+    def _call(self, e: Episode, call: ToolCall) -> None:
+        e.events.append(f"call:{call.tool}")
+        tool = self.env.tools.get(call.tool)
+        now = time.monotonic()
+        e.call_started = now
+        if tool is None:
+            known = ", ".join(self.env.tools) or "none"
+            fut: Future = Future()
+            fut.set_result(ToolResult(f"error: unknown tool {call.tool!r} (tools: {known})",
+                                      error="unknown_tool"))
+            e.pending, e.call_deadline = fut, now
+            return
+        deadline = now + tool.timeout_s
+        if self.limits.episode_timeout_s is not None:
+            deadline = min(deadline, e.started + self.limits.episode_timeout_s)
+        e.pending, e.call_deadline = self._pool.submit(_run_tool, tool, e.task, call.argument), deadline
+
+    def _collect(self, eps: Sequence[Episode]) -> None:
+        """Fold finished (or overdue) tool calls back into their episodes."""
+        now = time.monotonic()
+        for e in eps:
+            if e.pending is None:
+                continue
+            if e.pending.done():
+                res = e.pending.result()
+            elif now >= e.call_deadline:
+                # The thread cannot be killed: a tool must stop its own work at its timeout.
+                e.pending.cancel()
+                res = ToolResult(f"error: no result within {now - e.call_started:.1f}s",
+                                 error="timeout", seconds=now - e.call_started)
+            else:
+                continue
+            e.pending = None
+            e.tool_calls += 1
+            e.tool_errors += res.error is not None
+            e.tool_s += res.seconds
+            e.events.append("result")
+            if self._late(e, now):
+                e.finish = "timeout"
+                continue
+            ids = self.codec.encode_tool_turn(res.output[: self.max_tool_chars])
+            limit = self.limits.max_context_tokens
+            if limit is not None and len(e.prompt) + e.length + len(ids) >= limit:
+                e.add(ids[: max(limit - len(e.prompt) - e.length, 0)], None)
+                e.finish = "context"
+            else:
+                e.add(ids, None)
+
+    def _wait(self, eps: Sequence[Episode]) -> None:
+        """Block until a pending call finishes (or the nearest deadline), then give the
+        other outstanding calls about as long again, so fast calls batch together."""
+        pending = [e for e in eps if e.pending is not None]
+        t0 = time.monotonic()
+        nearest = min(e.call_deadline for e in pending)
+        done, _ = wait([e.pending for e in pending], timeout=max(nearest - t0, 0.0),
+                       return_when=FIRST_COMPLETED)
+        if done:
+            rest = [e.pending for e in pending if not e.pending.done()]
+            if rest:
+                took = time.monotonic() - t0
+                wait(rest, timeout=min(max(took, 0.002), 0.5, max(nearest - time.monotonic(), 0)))
+
+    # -- evaluation ----------------------------------------------------------------
+    def items(self, role: str, tasks: list[Task], rng: random.Random) -> list[EvalItem]:
+        return [EvalItem(t.prompt, lambda text, t=t: self.env.reward(t, text) == 1.0,
+                         {"task": t}) for t in tasks]
+
+    def score(self, role: str, engine: Any, items: list[EvalItem], batch: int = 500) -> float:
+        """Fraction of items whose greedy episode (tools and all) ends in a right answer."""
+        from astraflow.rollout.engine import generate_with_stops
+
+        def generate(prompts: list[list[int]], samples: int, max_new: int) -> Generation:
+            return generate_with_stops(engine, prompts, TURN_STOPS, max_new_tokens=max_new,
+                                       samples_per_prompt=samples, greedy=True)
+
+        right = 0
+        played: list[Episode] = []
+        for i in range(0, len(items), batch):
+            chunk = items[i : i + batch]
+            eps = self.play([it.data["task"] for it in chunk], 1, generate,
+                            self.max_new_tokens(role))
+            played.extend(eps)
+            right += sum(e.answer is not None and bool(it.check(e.answer))
+                         for it, e in zip(chunk, eps, strict=True))
+        self.last_episodes = played
+        return right / max(len(items), 1)
+
+    def default_max_new_tokens(self, role: str) -> int:
+        own = getattr(self.env, "max_new_tokens", None)
+        return int(own()) if callable(own) else 64
+
+
+def _run_tool(tool: Tool, task: Task, argument: str) -> ToolResult:
+    """One call on a pool thread: exceptions become error results, seconds are measured."""
+    t0 = time.monotonic()
+    try:
+        res = tool(task, argument)
+    except Exception as err:  # a tool's bug is the episode's error, not the worker's
+        return ToolResult(f"error: {type(err).__name__}: {err}", error=type(err).__name__,
+                          seconds=time.monotonic() - t0)
+    secs = res.seconds or time.monotonic() - t0
+    return ToolResult(res.output, res.error, secs)
