@@ -60,6 +60,9 @@ def components(ctx: RunContext) -> list[Component]:
     flow, logs = ctx.flow, ctx.run_dir / "logs"
     run = str(ctx.run_dir)
     if flow.mode == "sync":
+        if flow.trainer.ranks > 1:
+            raise ValueError(f"trainer.ranks={flow.trainer.ranks} needs the async mode: sync mode "
+                             f"drives every trainer inside one process")
         # The baseline gets the same cores the decoupled components share (never more
         # threads than cores: oversubscribing one process only slows it down).
         threads = min(flow.rollout.threads * flow.rollout.workers + flow.trainer.threads,
