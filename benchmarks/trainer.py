@@ -16,8 +16,11 @@ across rank counts at the same global batch.
     tokens/s    (prompt + completion tokens of the step's rows) / seconds per step
     peak MiB    per rank: CPU, the process's peak resident set during the measured
                 steps (VmHWM after a reset once the model is placed and warmed up:
-                model shard + gradients + optimizer state + activations); CUDA,
+                the interpreter and libraries, what loading the full model left
+                resident, the shard, gradients, optimizer state, activations); CUDA,
                 torch.cuda.max_memory_allocated
+    step extra  per rank: that peak minus the memory held before the measured steps
+                (activations, all-gathered layers, transient buffers)
     MFU         CUDA only: 6 · parameters · tokens / (seconds · peak FLOP/s · ranks),
                 peak bf16 dense FLOP/s by GPU name (`--peak-tflops` overrides)
 
@@ -112,6 +115,7 @@ def worker(a: argparse.Namespace) -> None:
         except OSError:
             pass
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS
+    placed = (torch.cuda.memory_allocated() if cuda else _vm_kib("VmRSS") * 1024) / MiB
     ranks.barrier()
     t0 = time.perf_counter()
     for _ in range(a.steps):
@@ -121,12 +125,14 @@ def worker(a: argparse.Namespace) -> None:
     peak = (torch.cuda.max_memory_allocated() if cuda else _vm_kib("VmHWM") * 1024) / MiB
     tokens = n * (a.prompt_tokens + a.completion_tokens)
     per_rank = ranks.gather(round(peak, 1))
+    step_extra = ranks.gather(round(peak - placed, 1))
     if ranks.main:
         out = {"model": Path(a.model).name, "params_m": round(params / 1e6, 1),
                "device": str(ranks.device.type), "ranks": ranks.world,
                "precision": "bf16" if compute is not None else "fp32",
                "rows": n, "tokens_per_step": tokens, "step_s": round(dt, 3),
-               "tokens_per_s": round(tokens / dt, 1), "peak_mib_per_rank": per_rank}
+               "tokens_per_s": round(tokens / dt, 1), "peak_mib_per_rank": per_rank,
+               "step_extra_mib_per_rank": step_extra}
         if cuda:
             name = torch.cuda.get_device_name(ranks.device)
             peak_tf = a.peak_tflops or peak_tflops(name)
@@ -186,10 +192,11 @@ def main() -> None:
         print(json.dumps(results))
         return
     print(f"{'ranks':>5} {'device':>6} {'prec':>5} {'tokens/step':>11} {'s/step':>7} "
-          f"{'tokens/s':>9}  peak MiB per rank  MFU")
+          f"{'tokens/s':>9}  peak MiB per rank  step-extra MiB per rank  MFU")
     for r in results:
         print(f"{r['ranks']:>5} {r['device']:>6} {r['precision']:>5} {r['tokens_per_step']:>11} "
               f"{r['step_s']:>7.3f} {r['tokens_per_s']:>9.1f}  {r['peak_mib_per_rank']}  "
+              f"{r['step_extra_mib_per_rank']}  "
               f"{r.get('mfu', '-')}")
 
 
