@@ -118,6 +118,34 @@ def test_two_rank_checkpoint_resumes_on_one_rank(tmp_path, tiny_policy_dir):
     assert rep.counts["steps"] == 6 and rep.counts["rollbacks"] == 0
 
 
+@pytest.mark.slow
+def test_one_process_checkpoint_resumes_on_two_ranks(tmp_path, tiny_policy_dir):
+    """The other way: a single-process checkpoint (one safetensors file) restored into
+    FSDP2 shards on 2 ranks, which train on as one process would have."""
+    from astraflow.models.hf import load_policy
+
+    a = make_ctx(tmp_path / "a", tiny_policy_dir)
+    fill(a, 6)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    first = Trainer(a)
+    train(first, 4)
+    first.save_checkpoint()
+    del first
+    assert "state.safetensors" in a.checkpoints().latest("solver").files
+    torchrun(2, "-m", "astraflow.cli", "train", str(a.run_dir), "--max-steps", "6")
+    straight = Trainer(RunContext.open(tmp_path / "b"))
+    train(straight, 6)
+    v = a.weights().latest("solver")
+    assert a.weights().manifest("solver", v).step == 5  # after the 6th update
+    published = load_policy(a.weights().load("solver", v))
+    worst = max(float((x - y).abs().max()) for x, y in
+                zip(params(published), params(straight.model), strict=True))
+    assert worst < 1e-5, f"2 ranks resumed from a 1-process checkpoint diverged by {worst}"
+    rep = audit_policy(a, "solver")
+    assert rep.ok, rep.violations
+    assert rep.counts["steps"] == 6 and rep.counts["rollbacks"] == 0
+
+
 def _rank_pids(torchrun_pid: int) -> dict[int, int]:
     """RANK → pid of torchrun's worker processes (from /proc)."""
     out: dict[int, int] = {}

@@ -11,7 +11,8 @@ Sharded trainers (several ranks, FSDP2) write through `torch.distributed.checkpo
 with DCP's Hugging Face storage writer, which writes safetensors whose headers
 record each shard's offsets (no pickled metadata file), and DCP reads them back at
 any world size: 2 ranks resume on 1, or on 4. `capture_sharded`/`restore_sharded`;
-`restore_any` reads either layout, so a run can change its rank count.
+`restore_any` reads either layout into either kind of model (a single-process file
+into shards too), so a run can change its rank count.
 """
 
 from __future__ import annotations
@@ -208,9 +209,7 @@ def restore_sharded(module: torch.nn.Module, opt: torch.optim.Optimizer, files: 
 
 def restore_any(module: torch.nn.Module, opt: torch.optim.Optimizer, files: dict[str, bytes],
                 meta: dict[str, Any], workdir: str | None = None) -> None:
-    """Either layout into either kind of model. A single-process checkpoint into a
-    sharded model is refused (say so, rather than guess): resume it with one rank once,
-    whose next checkpoint is then readable at any rank count."""
+    """Either layout into either kind of model: a run may change its rank count."""
     import tempfile
 
     if meta.get("layout") == LAYOUT:
@@ -224,7 +223,56 @@ def restore_any(module: torch.nn.Module, opt: torch.optim.Optimizer, files: dict
         raise ValueError(f"checkpoint has neither {TENSORS} nor layout {LAYOUT!r}: "
                          f"files {sorted(files)}")
     if any(hasattr(p, "to_local") for p in module.parameters()):
-        raise ValueError("this checkpoint was written by a single-process trainer; a sharded "
-                         "trainer cannot read it: resume with trainer.ranks: 1 until the next "
-                         "checkpoint (written in the sharded layout only by several ranks)")
+        restore_full_into_sharded(module, opt, files, meta)
+        return
     restore(module, opt, files, meta)
+
+
+def restore_full_into_sharded(module: torch.nn.Module, opt: torch.optim.Optimizer,
+                              files: dict[str, bytes], meta: dict[str, Any]) -> None:
+    """A single-process checkpoint into a sharded module: every rank reads the whole
+    file and cuts out its own slices (no communication). The optimizer state of
+    parameter number i (its index in the single-process optimizer, which follows
+    `named_parameters()`) goes to that parameter's name."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    def local(full: torch.Tensor, like: Any) -> torch.Tensor:
+        if isinstance(like, DTensor):
+            return distribute_tensor(full.to(like.dtype), like.device_mesh, like.placements,
+                                     src_data_rank=None)
+        return full.to(like.dtype) if torch.is_tensor(like) else full
+
+    tensors = st_load(files[TENSORS])
+    msd = get_model_state_dict(module)
+    set_model_state_dict(module, {k: local(tensors[f"model/{_strip(k)}"], v)
+                                  for k, v in msd.items()})
+    names = [n for n, _ in module.named_parameters()]
+    pid_of = {n: i for i, n in enumerate(names)}
+    osd = get_optimizer_state_dict(module, opt)
+    for fqn, st in osd["state"].items():
+        pid = pid_of[fqn]
+        for name in st:
+            key = f"optim/{pid}/{name}"
+            if key in tensors:
+                st[name] = local(tensors[key], st[name])
+            else:
+                st[name] = meta["optim_scalars"][str(pid)][name]
+    groups, start = [], 0
+    for g in meta["param_groups"]:
+        count = len(g["params"])
+        groups.append({**g, "params": names[start:start + count],
+                       **({"betas": tuple(g["betas"])} if "betas" in g else {})})
+        start += count
+    osd["param_groups"] = groups
+    set_optimizer_state_dict(module, opt, osd)
+    torch.set_rng_state(tensors["rng/torch"])
+    v, s, g = meta["rng_python"]
+    random.setstate((v, tuple(s), g))
+    name, keys, *rest = meta["rng_numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
