@@ -132,16 +132,23 @@ def train(
 
         run_sync(ctx, should_stop=stop)
     else:
+        from astraflow.train.dist import Ranks
         from astraflow.train.trainer import Trainer
 
-        if ctx.weights().latest(policy) is None:
+        # Alone, or one of N ranks under torchrun (WORLD_SIZE/RANK in the environment).
+        ranks = Ranks.from_env(ctx.flow.trainer.device)
+        if ranks.main and ctx.weights().latest(policy) is None:
             # Started on its own (a cloud trainer): make version 0 first, as `run` would.
             from rich.console import Console
 
             from astraflow.train.version0 import publish_version0
 
             publish_version0(ctx, Console(stderr=True), [policy])
-        Trainer(ctx, policy).run(should_stop=stop)
+        ranks.barrier()
+        try:
+            Trainer(ctx, policy, ranks=ranks).run(should_stop=stop)
+        finally:
+            ranks.close()
 
 
 @app.command(name="eval")

@@ -192,6 +192,21 @@ class AlgorithmSpec(Spec):
     logprob_chunk_tokens: int = Field(1024, ge=1)
     """Completion tokens whose output-head logits are materialised at once (forward and,
     recomputed, backward): peak extra memory ≈ chunk × vocabulary × 8 bytes."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them
+    (HF `gradient_checkpointing_enable`): activation memory of one layer instead of all,
+    for about a third more compute. For long sequences or large models on a GPU."""
+    lr_warmup_steps: int = Field(0, ge=0)
+    """Optimizer updates over which the learning rate rises linearly from lr/warmup to
+    `lr`. The schedule is a function of the optimizer-update count, which checkpoints
+    hold, so a resumed trainer continues on the same curve."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """After warmup: `constant`, or `cosine` decay from `lr` to `lr`·`lr_min_ratio` over
+    `lr_decay_steps` updates (then held there)."""
+    lr_decay_steps: int = Field(1000, ge=1)
+    """`cosine`: updates after warmup over which the learning rate decays."""
+    lr_min_ratio: float = Field(0.1, ge=0, le=1)
+    """`cosine`: the final learning rate as a fraction of `lr`."""
 
 
 class StageSpec(Spec):
@@ -351,6 +366,22 @@ class TrainerSpec(Spec):
     """Several policies: a trainer publishes version N+1 only once every other policy
     has published N (it keeps training meanwhile), so evaluation can see all
     policies at one version. Off: each trainer publishes at its own pace."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the trainer computes: `auto` is CUDA when the process sees a GPU, else the
+    CPU; `cuda` without a GPU is an error (never a silent CPU run on a rented GPU).
+    Under torchrun each rank takes the GPU of its LOCAL_RANK."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Compute precision; weights and optimizer state stay in float32 (the master copy)
+    unless the model's own `dtype` says bfloat16. `bf16`: matmuls in bfloat16 (FSDP2's
+    mixed-precision policy across ranks, autocast in one process), gradients reduced
+    in float32. `auto`: `bf16` on CUDA, `fp32` on the CPU (CPUs without native bf16
+    run it slower, not faster)."""
+    ranks: int = Field(1, ge=1)
+    """Trainer processes per policy on this machine. Above 1 the local launcher runs
+    `torchrun --standalone --nproc-per-node N astraflow train …` as one supervised
+    component: FSDP2 shards parameters, gradients and optimizer state over the ranks
+    and each rank takes its share of a step's rows (astraflow/train/dist.py). A
+    killed rank takes the whole trainer down; it restarts from its checkpoint."""
 
 
 def _default_stages() -> list[StageSpec]:
@@ -500,6 +531,17 @@ class FlowSpec(Spec):
     def _unique_policies(cls, v: list[PolicySpec]) -> list[PolicySpec]:
         unique([p.name for p in v], "policy names must be unique")
         return v
+
+    @model_validator(mode="after")
+    def _lora_in_one_process(self) -> FlowSpec:
+        # Adapters are saved from the peft model itself; under FSDP2 its parameters are
+        # shards, and gathering a peft model's adapters is not built yet.
+        lora = [p.name for p in self.policies if p.model.lora is not None]
+        if lora and self.trainer.ranks > 1:
+            raise ValueError(f"policies {lora} train LoRA adapters, which one trainer process "
+                             f"does (trainer.ranks: 1); trainer.ranks: {self.trainer.ranks} "
+                             f"shards whole models only")
+        return self
 
     @model_validator(mode="after")
     def _roles_cover_policies(self) -> FlowSpec:

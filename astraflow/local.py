@@ -61,13 +61,20 @@ def components(ctx: RunContext) -> list[Component]:
     flow, logs = ctx.flow, ctx.run_dir / "logs"
     run = str(ctx.run_dir)
     if flow.mode == "sync":
+        if flow.trainer.ranks > 1:
+            raise ValueError(f"trainer.ranks={flow.trainer.ranks} needs the async mode: sync mode "
+                             f"drives every trainer inside one process")
         # The baseline gets the same cores the decoupled components share (never more
         # threads than cores: oversubscribing one process only slows it down).
         threads = min(flow.rollout.threads * flow.rollout.workers + flow.trainer.threads,
                       os.cpu_count() or 1)
         return [Component("sync", ["train", run, "--sync"], threads, logs / "sync.log")]
+    # trainer.ranks > 1: torchrun starts the ranks and ends them all when one dies; the
+    # supervisor restarts it as a whole (resume: checkpoint, rollback, republish).
+    launcher = (["-m", "torch.distributed.run", "--standalone",
+                 "--nproc-per-node", str(flow.trainer.ranks)] if flow.trainer.ranks > 1 else [])
     comps = [Component(f"trainer-{p}", ["train", run, "--policy", p], flow.trainer.threads,
-                       logs / f"trainer-{p}.log") for p in flow.policy_names()]
+                       logs / f"trainer-{p}.log", launcher=launcher) for p in flow.policy_names()]
     for i in range(flow.rollout.workers):
         comps.append(Component(f"rollout-w{i}", ["rollout", run, "--worker-id", f"w{i}"],
                                flow.rollout.threads, logs / f"rollout-w{i}.log"))

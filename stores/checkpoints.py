@@ -52,10 +52,14 @@ class CheckpointStore:
 
     def save(self, policy: str, step: int, files: dict[str, bytes], meta: dict[str, Any]) -> None:
         """Write the files, then the manifest that makes the checkpoint exist."""
-        for name in files:
-            if not name.endswith(ALLOWED_SUFFIXES) or "/" in name:
-                raise CheckpointError(f"refusing checkpoint file {name!r}: only "
-                                      f"{', '.join(ALLOWED_SUFFIXES)} files are allowed")
+        self.prepare(policy, step)
+        self.commit(policy, step, self.put_files(policy, step, files), meta)
+
+    # A sharded trainer writes in three phases: rank 0 prepares, every rank puts its own
+    # files (distinct names), rank 0 commits the manifest listing all of them, last.
+    def prepare(self, policy: str, step: int) -> None:
+        """Make room for checkpoint `step`: refuse to overwrite a complete one, clear a
+        damaged one (the one a resumed trainer skipped and is now reaching again)."""
         if self.objects.exists(self._rel(policy, step, MANIFEST)):
             try:
                 self.load(policy, step)
@@ -65,13 +69,24 @@ class CheckpointStore:
                 self.objects.delete_tree(self._rel(policy, step))
             else:
                 raise CheckpointError(f"checkpoint {policy} step {step} already exists")
+
+    def put_files(self, policy: str, step: int, files: dict[str, bytes]) -> dict[str, dict[str, Any]]:
+        """Write checkpoint files (not yet visible); returns their size and sha256 for
+        `commit`."""
+        for name in files:
+            if not name.endswith(ALLOWED_SUFFIXES) or "/" in name:
+                raise CheckpointError(f"refusing checkpoint file {name!r}: only "
+                                      f"{', '.join(ALLOWED_SUFFIXES)} files are allowed")
         for name, data in files.items():
             self.objects.put_bytes(self._rel(policy, step, name), data)
-        manifest = {
-            "format": FORMAT, "policy": policy, "step": step, "time": time.time(), "meta": meta,
-            "files": {n: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()}
-                      for n, d in files.items()},
-        }
+        return {n: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()}
+                for n, d in files.items()}
+
+    def commit(self, policy: str, step: int, files: dict[str, dict[str, Any]],
+               meta: dict[str, Any]) -> None:
+        """Write the manifest of files already put: from now on the checkpoint exists."""
+        manifest = {"format": FORMAT, "policy": policy, "step": step, "time": time.time(),
+                    "meta": meta, "files": files}
         self.objects.put_bytes(self._rel(policy, step, MANIFEST),
                                json.dumps(manifest, indent=1).encode())
 

@@ -118,7 +118,8 @@ def carried_files(folder: str | Path) -> dict[str, bytes]:
 
 
 def save_policy(model: PreTrainedModel, path: str | Path, *, source: Source,
-                max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> None:
+                max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+                state_dict: Mapping[str, torch.Tensor] | None = None) -> None:
     """Write one version: safetensors weights (sharded with an index above
     `max_shard_size`), config.json, and `source`'s tokenizer, chat template and
     generation config, byte for byte. A LoRA (peft) model writes only its adapters
@@ -127,6 +128,9 @@ def save_policy(model: PreTrainedModel, path: str | Path, *, source: Source,
     `source`: the version folder the model was loaded from, or its files already
     read (`carried_files`, `source_files`). It is required: a trainer that wrote a
     tokenizer of its own choosing is how versions once lost their chat template.
+
+    `state_dict`: the weights to write instead of the model's own, e.g. the full state
+    a sharded trainer gathered on rank 0 (the model then only lends its config).
     """
     files = source if isinstance(source, Mapping) else carried_files(source)
     if not any(n in files for n in TOKENIZER_FILES):
@@ -137,7 +141,8 @@ def save_policy(model: PreTrainedModel, path: str | Path, *, source: Source,
     if lora_mod.is_peft(model):
         lora_mod.save_adapter(model, path)
     else:
-        model.save_pretrained(str(path), max_shard_size=max_shard_size)
+        model.save_pretrained(str(path), max_shard_size=max_shard_size,
+                              state_dict=None if state_dict is None else dict(state_dict))
     for name, data in files.items():  # over save_pretrained's generation_config.json
         (path / name).write_bytes(data)
     for p in path.iterdir():  # what the weight store refuses never leaves this function

@@ -44,13 +44,17 @@ old full-vocabulary computation, kept as the reference the tests and
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+if TYPE_CHECKING:
+    from astraflow.train.dist import Ranks
 
 Objective = Literal["ppo", "decoupled"]
 
@@ -297,7 +301,7 @@ def _check_head_matches(model: torch.nn.Module, parts: _Parts) -> None:
     model.eval()
     try:
         with torch.no_grad():
-            ids = torch.tensor([[0, 1, 2, 1]], dtype=torch.long)
+            ids = torch.tensor([[0, 1, 2, 1]], dtype=torch.long, device=_device_of(model))
             attn = torch.ones_like(ids)
             want = model(input_ids=ids, attention_mask=attn, use_cache=False).logits.float()
             hidden = parts.backbone(input_ids=ids, attention_mask=attn,
@@ -353,9 +357,30 @@ def completion_logprobs(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    ids, attn, target_mask = _right_padded(prompts, completions, pad_id)
+    if isinstance(model, LogprobModel):  # one forward FSDP can hook (see LogprobModel)
+        device = model.device
+        out, ent = model(ids.to(device), attn.to(device), target_mask.to(device),
+                         temperature, chunk_tokens, entropy)
+        return TokenLogprobs(out, ent.detach() if entropy else None)
     parts = _parts(model)
     _check_head_matches(model, parts)
-    ids, attn, target_mask = _right_padded(prompts, completions, pad_id)
+    device = _device_of(model)
+    if device.type != "cpu":
+        ids, attn, target_mask = ids.to(device), attn.to(device), target_mask.to(device)
+    out, ent = _token_logprobs(parts, ids, attn, target_mask, temperature, chunk_tokens, entropy)
+    return TokenLogprobs(out, ent.detach() if entropy else None)
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _token_logprobs(parts: _Parts, ids: torch.Tensor, attn: torch.Tensor,
+                    target_mask: torch.Tensor, temperature: float, chunk_tokens: int,
+                    entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backbone once, then head + log-softmax chunk by chunk (see completion_logprobs)."""
     hidden = parts.backbone(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
     h = hidden[:, :-1, :][target_mask]           # (tokens, hidden)
     targets = ids[:, 1:][target_mask]            # (tokens,)
@@ -372,7 +397,30 @@ def completion_logprobs(
         ent.append(e)
     empty = h.new_zeros((0,), dtype=torch.float32)
     out = torch.cat(pieces) if pieces else empty
-    return TokenLogprobs(out, (torch.cat(ent).detach() if ent else empty) if entropy else None)
+    return out, (torch.cat(ent) if ent and entropy else empty)
+
+
+class LogprobModel(torch.nn.Module):
+    """An HF causal LM whose forward is the chunked completion-logprob pass.
+
+    FSDP2 gathers a unit's parameters in its forward hooks; `completion_logprobs`
+    calls the backbone and the output head separately, so sharded, the root
+    unit's parameters (embeddings, final norm, tied head) would never be gathered.
+    Wrapped, one forward of this module covers every use: shard the decoder layers
+    and then this wrapper (astraflow.train.dist.shard). `policy` is the HF model
+    itself (its state-dict keys gain a `policy.` prefix here)."""
+
+    def __init__(self, policy: torch.nn.Module, device: torch.device):
+        super().__init__()
+        _check_head_matches(policy, _parts(policy))  # before sharding: it calls the model
+        self.policy = policy
+        self.device = device
+
+    def forward(self, ids: torch.Tensor, attn: torch.Tensor, target_mask: torch.Tensor,
+                temperature: float, chunk_tokens: int, entropy: bool
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        return _token_logprobs(_parts(self.policy), ids, attn, target_mask, temperature,
+                               chunk_tokens, entropy)
 
 
 # --------------------------------------------------------------------------- one step
@@ -435,9 +483,17 @@ class Batch:
                      None if self.weights is None else self.weights[a:b])
 
     def token_rows(self, flags: Sequence[bool]) -> torch.Tensor:
-        """A per-token bool mask from a per-row flag."""
+        """A per-token bool mask from a per-row flag (on the batch's device)."""
         return torch.tensor([f for f, c in zip(flags, self.completions, strict=True) for _ in c],
-                            dtype=torch.bool)
+                            dtype=torch.bool, device=self.mask.device)
+
+    def to(self, device: torch.device) -> Batch:
+        """The per-token tensors on `device` (the token ids stay lists until padded)."""
+        if self.mask.device == device:
+            return self
+        return Batch(self.prompts, self.completions, self.behavior_logprobs.to(device),
+                     self.mask.to(device), self.advantages.to(device), self.on_policy_rows,
+                     None if self.weights is None else self.weights.to(device))
 
 
 @dataclass
@@ -450,6 +506,14 @@ class StepSettings:
     micro_batch_rows: int | None = None
     chunk_tokens: int = 1024
     grad_clip: float = 1.0
+    lr: Callable[[int], float] | None = None
+    """The learning rate of optimizer update number n (counted over the whole run), set
+    on every parameter group before that update; None: the optimizer's own."""
+    first_update: int = 0
+    """The run-wide number of this call's first update (for `lr`)."""
+    autocast: torch.dtype | None = None
+    """One process on mixed precision: forward passes under torch.autocast in this
+    dtype over float32 weights (sharded ranks use FSDP2's policy instead)."""
 
 
 def _split(n: int, parts: int) -> list[tuple[int, int]]:
@@ -459,7 +523,7 @@ def _split(n: int, parts: int) -> list[tuple[int, int]]:
 
 
 def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, pad_id: int,
-             s: StepSettings) -> tuple[dict[str, float], int]:
+             s: StepSettings, ranks: Ranks | None = None) -> tuple[dict[str, float], int]:
     """Train on `batch`: `s.minibatches` optimizer updates over contiguous slices of
     its rows (one epoch: every row is used exactly once), each accumulated over
     micro-batches of `s.micro_batch_rows` rows and normalised by the minibatch's
@@ -473,8 +537,15 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
     behaviour| logprob over unmasked tokens of `batch.on_policy_rows`) are
     measured on logprobs computed before any update of this call: all rows when
     the proximal pass ran, else the first minibatch's rows.
+
+    With `ranks` of more than one rank (an FSDP2-sharded `LogprobModel` on every rank,
+    each holding the same `batch`), see `_optimize_sharded`.
     """
+    if ranks is not None and ranks.world > 1:
+        return _optimize_sharded(model, opt, batch, pad_id, s, ranks)
     model.train()
+    batch = batch.to(_device_of(model))
+    fwd = _forward_context(batch, s)
     rows = len(batch)
     ranges = _split(rows, s.minibatches)
     many = len(ranges) > 1
@@ -484,7 +555,7 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
     entropy_sum, entropy_n = 0.0, 0
     mismatch_sum, mismatch_n = 0.0, 0
     if s.loss.objective == "decoupled" and many:
-        with torch.no_grad():
+        with torch.no_grad(), fwd():
             parts = [completion_logprobs(model, batch.prompts[a:b], batch.completions[a:b], pad_id,
                                          temperature=s.temperature, chunk_tokens=s.chunk_tokens,
                                          entropy=True)
@@ -508,9 +579,10 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
         for ma, mb_end in _split(len(mb), -(-len(mb) // mb_rows)):
             micro = mb.select(ma, mb_end)
             first_pass = k == 0 and proximal is None
-            out = completion_logprobs(model, micro.prompts, micro.completions, pad_id,
-                                      temperature=s.temperature, chunk_tokens=s.chunk_tokens,
-                                      entropy=first_pass)
+            with fwd():
+                out = completion_logprobs(model, micro.prompts, micro.completions, pad_id,
+                                          temperature=s.temperature, chunk_tokens=s.chunk_tokens,
+                                          entropy=first_pass)
             new = out.logprobs
             if first_pass:
                 assert out.entropy is not None
@@ -531,6 +603,7 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
             loss.backward()
             stats = stats.merge(st)
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)))
+        _set_lr(opt, s, len(grad_norms) - 1)
         opt.step()
     metrics = stats.metrics(s.loss.objective)
     if grad_norms:
@@ -541,4 +614,133 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
     if mismatch_n:
         metrics["logp_mismatch"] = mismatch_sum / mismatch_n
         metrics["logp_mismatch_tokens"] = float(mismatch_n)
+    return metrics, len(grad_norms)
+
+
+def _forward_context(batch: Batch, s: StepSettings) -> Callable[[], contextlib.AbstractContextManager]:
+    """torch.autocast for mixed precision in one process, else nothing."""
+    if s.autocast is None:
+        return contextlib.nullcontext
+    kind = batch.mask.device.type
+    return lambda: torch.autocast(kind, dtype=s.autocast)
+
+
+def _set_lr(opt: torch.optim.Optimizer, s: StepSettings, k: int) -> None:
+    """The schedule's rate for this call's k-th update, on every parameter group."""
+    if s.lr is not None:
+        rate = s.lr(s.first_update + k)
+        for g in opt.param_groups:
+            g["lr"] = rate
+
+
+def _rank_micros(a: int, b: int, rank: int, world: int, mb_rows: int) -> list[tuple[int, int]]:
+    """This rank's contiguous share of minibatch rows a..b-1, cut into micro-batches.
+    Every rank gets the same number of them (FSDP's collectives pair up forward for
+    forward), some possibly empty (start == stop) when rows do not divide evenly."""
+    n = b - a
+    bounds = [a + round(i * n / world) for i in range(world + 1)]
+    lo, hi = bounds[rank], bounds[rank + 1]
+    per_rank = -(-n // world)
+    micros = -(-per_rank // mb_rows)
+    share = hi - lo
+    cuts = [lo + round(i * share / micros) for i in range(micros + 1)]
+    return list(zip(cuts, cuts[1:], strict=False))
+
+
+def _optimize_sharded(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch,
+                      pad_id: int, s: StepSettings, ranks: Ranks) -> tuple[dict[str, float], int]:
+    """`optimize` on one of several FSDP2 ranks: the same minibatches and updates, each
+    rank running forward/backward on its contiguous share of every minibatch's rows.
+
+    Every micro-batch loss is still divided by the minibatch's *global* token count;
+    FSDP2 averages gradients over the ranks, so each rank scales its loss by the world
+    size and the reduced gradient is the single-process one. A rank whose share of a
+    minibatch is short runs a zero-weighted pass on a real row instead of an empty
+    micro-batch, so every rank issues the same collectives. Metrics are summed over
+    the ranks; the gradient norm is the global one (clip_grad_norm_ over DTensors).
+    """
+    model.train()
+    batch = batch.to(ranks.device)
+    rows = len(batch)
+    ranges = _split(rows, s.minibatches)
+    mb_rows = s.micro_batch_rows or rows
+    plans = [_rank_micros(a, b, ranks.rank, ranks.world, mb_rows) for a, b in ranges]
+
+    def logprobs(a: int, x: int, y: int, entropy: bool) -> tuple[Batch, TokenLogprobs, bool]:
+        dummy = x == y
+        micro = batch.select(a, a + 1) if dummy else batch.select(x, y)
+        out = completion_logprobs(model, micro.prompts, micro.completions, pad_id,
+                                  temperature=s.temperature, chunk_tokens=s.chunk_tokens,
+                                  entropy=entropy and not dummy)
+        return micro, out, dummy
+
+    ent = [0.0, 0.0]  # entropy sum, tokens
+    mis = [0.0, 0.0]  # |trainer - behaviour| sum, tokens
+
+    def measure(micro: Batch, out: TokenLogprobs) -> None:
+        assert out.entropy is not None
+        ent[0] += float((out.entropy * micro.mask).sum())
+        ent[1] += float(micro.mask.sum())
+        if micro.on_policy_rows is not None and any(micro.on_policy_rows):
+            sel = micro.token_rows(micro.on_policy_rows) & (micro.mask > 0)
+            mis[0] += float((out.logprobs.detach()[sel] - micro.behavior_logprobs[sel]).abs().sum())
+            mis[1] += float(sel.sum())
+
+    proximal: list[list[torch.Tensor]] | None = None
+    if s.loss.objective == "decoupled" and len(ranges) > 1:
+        proximal = []
+        with torch.no_grad():
+            for (a, _), plan in zip(ranges, plans, strict=True):
+                pieces = []
+                for x, y in plan:
+                    micro, out, dummy = logprobs(a, x, y, True)
+                    if not dummy:
+                        measure(micro, out)
+                        pieces.append(out.logprobs)
+                proximal.append(pieces)
+    stats = LossStats()
+    grad_norms: list[float] = []
+    for k, ((a, b), plan) in enumerate(zip(ranges, plans, strict=True)):
+        whole = batch.select(a, b)  # loss weights (data stages) scale the token count too
+        n_tokens = float(whole.mask.sum() if whole.weights is None
+                         else (whole.mask * whole.weights).sum())
+        if n_tokens == 0:
+            continue  # the same on every rank: they all hold the whole batch
+        opt.zero_grad(set_to_none=True)
+        real = 0
+        for x, y in plan:
+            first_pass = k == 0 and proximal is None
+            micro, out, dummy = logprobs(a, x, y, first_pass)
+            new = out.logprobs
+            if first_pass and not dummy:
+                measure(micro, out)
+            prox = new.detach() if proximal is None or dummy else proximal[k][real]
+            loss, st = policy_loss(new, micro.behavior_logprobs, micro.advantages, micro.mask,
+                                   s.loss, logp_proximal=prox, normalizer=n_tokens,
+                                   token_weights=micro.weights)
+            if dummy:
+                (loss * 0.0).backward()
+            else:
+                (loss * ranks.world).backward()
+                stats = stats.merge(st)
+                real += 1
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        full = getattr(norm, "full_tensor", None)
+        grad_norms.append(float(full() if full is not None else norm))
+        _set_lr(opt, s, len(grad_norms) - 1)
+        opt.step()
+    names = list(LossStats.__dataclass_fields__)
+    summed = ranks.all_sum([float(getattr(stats, n)) for n in names] + ent + mis)
+    stats = LossStats(**{n: (int(v) if n == "tokens" else v) 
+                         for n, v in zip(names, summed[:len(names)], strict=True)})
+    ent_sum, ent_n, mis_sum, mis_n = summed[len(names):]
+    metrics = stats.metrics(s.loss.objective)
+    if grad_norms:
+        metrics["loss"] = stats.loss / len(grad_norms)
+        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    if ent_n:
+        metrics["entropy"] = ent_sum / ent_n
+    if mis_n:
+        metrics["logp_mismatch"] = mis_sum / mis_n
+        metrics["logp_mismatch_tokens"] = float(mis_n)
     return metrics, len(grad_norms)

@@ -32,12 +32,24 @@ weight stream, at its own pace. With `trainer.version_barrier` a due publish
 waits until every other policy has published the version this one holds (read
 from their progress files); training goes on meanwhile, and the pending
 publish is part of the checkpoint.
+
+Devices and ranks (`trainer.device`, `trainer.precision`, `trainer.ranks`): the model
+trains on the CPU or a GPU, in float32 or bf16 compute over float32 master weights,
+in one process or as N ranks under torchrun with FSDP2 (astraflow/train/dist.py says
+who reads what). With several ranks, rank 0 alone reads the store and writes the
+ledger, progress, metrics, checkpoint manifests and weight versions; every rank
+joins the collectives (each step's update, gathering the full weights to publish,
+sharded checkpoints), on decisions rank 0 broadcasts. Resume is the same path at
+any rank count: a checkpoint written by 2 ranks restores on 1.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -53,13 +65,34 @@ from astraflow.stores import LedgerEntry, Progress, Slice, replay
 from astraflow.stores.mirror import Mirror
 from astraflow.stores.weights import Manifest
 from astraflow.train import checkpoint
+from astraflow.train.dist import Ranks, compute_dtype, shard
 from astraflow.train.lineage import Lineage
-from astraflow.train.loss import Batch, LossConfig, StepSettings, optimize
+from astraflow.train.loss import Batch, LogprobModel, LossConfig, StepSettings, optimize
 
 log = logging.getLogger("astraflow.trainer")
 
 COLUMNS = ["group_id", "behavior_version", "prompt_ids", "completion_ids",
            "behavior_logprobs", "loss_mask", "reward", "task_id", "extras"]
+
+
+def lr_schedule(algo) -> Callable[[int], float] | None:
+    """The learning rate of optimizer update n (`algorithm.lr_warmup_steps`,
+    `lr_schedule`): linear warmup to `lr`, then constant or cosine down to
+    `lr`·`lr_min_ratio`. A pure function of the update count, which checkpoints hold,
+    so a resumed run stays on the curve. None when it is constant from the start."""
+    lr, warm = algo.lr, algo.lr_warmup_steps
+    if warm == 0 and algo.lr_schedule == "constant":
+        return None
+
+    def at(n: int) -> float:
+        if n < warm:
+            return lr * (n + 1) / warm
+        if algo.lr_schedule == "constant":
+            return lr
+        t = min(1.0, (n - warm) / algo.lr_decay_steps)
+        return lr * (algo.lr_min_ratio + (1 - algo.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+    return at
 
 
 @dataclass
@@ -71,11 +104,13 @@ class StepResult:
 
 
 class Trainer:
-    def __init__(self, ctx: RunContext, policy: str | None = None):
+    def __init__(self, ctx: RunContext, policy: str | None = None, *, ranks: Ranks | None = None):
         self.ctx = ctx
         self.spec = ctx.flow.policy if policy is None else next(
             p for p in ctx.flow.policies if p.name == policy)
         self.policy = self.spec.name
+        self.ranks = Ranks.from_env(ctx.flow.trainer.device) if ranks is None else ranks
+        self.main = self.ranks.main
         self.traj = ctx.trajectories()
         self.weights = ctx.weights()
         self.ledger = ctx.ledger()
@@ -88,7 +123,8 @@ class Trainer:
         self.mirror = Mirror(self.weights, ctx.replicas(), self.policy,
                              keep_last=ctx.flow.store.keep_last)
         self._restore()
-        self.mirror.start()
+        if self.main:
+            self.mirror.start()
         self._last_step_end = time.time()
 
     def _step_rows(self) -> int:
@@ -110,24 +146,28 @@ class Trainer:
 
     def _restore(self) -> None:
         """Newest complete checkpoint, or version 0; then void what died since."""
-        versions = self.weights.versions(self.policy)  # one listing serves both uses
+        versions = self.ranks.share(self.weights.versions(self.policy) if self.main else None)
         if not versions:
             raise RuntimeError(
                 f"no weight version of policy {self.policy!r} in {self.ctx.weights_root}; "
                 f"version 0 is published by `astraflow run`, or by `astraflow train` itself when started alone"
             )
-        ckpt = self.checkpoints.latest(self.policy)
+        ckpt = self.checkpoints.latest(self.policy) if self.main else None
+        ckpt_step = self.ranks.share(None if ckpt is None else ckpt.step)
+        if ckpt_step is not None and ckpt is None:  # the other ranks read rank 0's choice
+            ckpt = self.checkpoints.load(self.policy, ckpt_step)
         latest = versions[-1]
         base = 0 if ckpt is None and 0 in versions else latest
         path = self.weights.load(self.policy, base)
         self.model = load_policy(path, dtype=self.spec.model.dtype, lora=self.spec.model.lora)
         self.model.train()
+        self._place()
         self.codec = load_codec(path)
         # Tokenizer, chat template and generation config, carried into every version we
         # publish; read now, because the folder may be pruned (or leave the S3 cache).
         self.carried = carried_files(path)
         algo = self.spec.algorithm
-        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
+        trainable = [p for p in self.module.parameters() if p.requires_grad]  # LoRA: adapters
         self.opt = torch.optim.AdamW(trainable, lr=algo.lr, betas=algo.betas,
                                      weight_decay=algo.weight_decay)
         if ckpt is None:
@@ -136,7 +176,7 @@ class Trainer:
             self.updates_since_publish = 0
             self.lineage = Lineage(self._manifest)
         else:
-            checkpoint.restore(self.model, self.opt, ckpt.files, ckpt.meta)
+            checkpoint.restore_any(self.module, self.opt, ckpt.files, ckpt.meta)
             m = ckpt.meta
             self.step, self.cursor = m["steps_done"], m["cursor"]
             self.rows_consumed, self.optimizer_steps = m["rows_consumed"], m["optimizer_steps"]
@@ -155,6 +195,38 @@ class Trainer:
                         "number as its lineage depth", self.policy, self.version)
             self.lineage.add(self.version, None, self.version)
         self._checkpointed = self.step
+        recorded = self.step
+        if self.main:
+            recorded = self._roll_back()
+        if latest != self.version:
+            # Versions after ours came from lost steps: give workers our lineage back.
+            self._publish(parent=self.version)
+        self._write_progress()
+        if self.main and (ckpt is not None or recorded):
+            log.info("resumed %s at step %d, cursor %d, weights v%d (checkpoint %s)", self.policy,
+                     self.step, self.cursor, self.version,
+                     "none" if ckpt is None else f"after step {ckpt.step - 1}")
+
+    def _place(self) -> None:
+        """Device, precision, gradient checkpointing, and FSDP2 across ranks: `self.module`
+        is what the optimizer steps (the HF model, or its sharded LogprobModel)."""
+        algo, device = self.spec.algorithm, self.ranks.device
+        self.compute = compute_dtype(self.ctx.flow.trainer.precision, device)
+        if self.model.dtype != torch.float32:
+            self.compute = None  # the model's own dtype is its compute and master dtype
+        if algo.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.ranks.sharded:
+            self.module: torch.nn.Module = LogprobModel(self.model, device)
+            shard(self.module, self.model, self.ranks, self.compute)
+        else:
+            if device.type != "cpu":
+                self.model.to(device)
+            self.module = self.model
+
+    def _roll_back(self) -> int:
+        """Rank 0: void the ledger's steps past the checkpoint; returns the steps it had."""
         effective = replay(self.ledger.history(self.policy)).effective
         recorded = effective[-1].step + 1 if effective else 0
         if recorded < self.step:
@@ -168,14 +240,7 @@ class Trainer:
                         self.policy, self.step, recorded - 1, self.cursor)
             self.ledger.rollback(self.policy, first_void_step=self.step, cursor=self.cursor,
                                  weight_version=self.version)
-        if latest != self.version:
-            # Versions after ours came from lost steps: give workers our lineage back.
-            self._publish(parent=self.version)
-        self._write_progress()
-        if ckpt is not None or recorded:
-            log.info("resumed %s at step %d, cursor %d, weights v%d (checkpoint %s)", self.policy,
-                     self.step, self.cursor, self.version,
-                     "none" if ckpt is None else f"after step {ckpt.step - 1}")
+        return recorded
 
     def poll(self) -> Slice | None:
         """Whole commits after the cursor, at least one batch of rows."""
@@ -197,7 +262,9 @@ class Trainer:
     def maybe_publish(self) -> float | None:
         """Publish if one is due and the barrier allows; returns seconds taken, or None.
         A publish held back by the barrier stays due: training goes on meanwhile."""
-        if not self.publish_pending or not self.barrier_open():
+        if not self.publish_pending:
+            return None
+        if not self.ranks.share(self.barrier_open() if self.main else None):
             return None
         self.publish_pending = False
         return self._publish()
@@ -206,33 +273,44 @@ class Trainer:
         """A version's manifest (what Lineage reads for versions we did not publish)."""
         return self.weights.manifest(self.policy, version)
 
-    def train_on(self, sl: Slice) -> StepResult:
+    def train_on(self, sl: Slice | None) -> StepResult:
+        """One step on `sl` (rank 0's poll; None on the other ranks, which get the
+        staged batch from rank 0)."""
         t0 = time.time()
         wait = t0 - self._last_step_end
-        behavior = sl.rows.column("behavior_version")
-        ctx = StageContext(policy=self.policy, version=self.version, step=self.step,
-                           lineage_staleness=self.lineage.staleness_of(self.version,
-                                                                       behavior.to_pylist()),
-                           history=partial(self.traj.read_range, self.policy, 0, sl.start))
-        staged = run_stages(sl.rows, ctx, self.stages)
-        rows = staged.rows
-        used, stale, filtered = staged.ledger_counts()  # replayed rows are extra, not consumed
-        lag = ctx.row_staleness(behavior)
-        known = lag[~np.isnan(lag)]
-        metrics: dict[str, float] = {
-            "reward_mean": float(torch.tensor(sl.rows.column("reward").to_pylist()).mean()),
-            "trainer_wait_s": wait,
-            "rows_read": sl.num_rows,
-            "rows_used": used,
-            **staged.metrics,
-        }
-        if known.size:  # by lineage (astraflow/train/lineage.py), over the rows read
-            metrics["staleness_mean"] = float(known.mean())
-        if known.size < lag.size:
-            metrics["rows_lineage_unknown"] = float(lag.size - known.size)
-        did_step = rows.num_rows > 0
-        if did_step:
-            step_metrics, updates = self._optimize(rows)
+        metrics: dict[str, float] = {}
+        payload = None
+        if self.main:
+            assert sl is not None
+            behavior = sl.rows.column("behavior_version")
+            ctx = StageContext(policy=self.policy, version=self.version, step=self.step,
+                               lineage_staleness=self.lineage.staleness_of(
+                                   self.version, behavior.to_pylist()),
+                               history=partial(self.traj.read_range, self.policy, 0, sl.start))
+            staged = run_stages(sl.rows, ctx, self.stages)
+            rows = staged.rows
+            # Replayed rows (data stages) are extra reuse, not consumption: the ledger
+            # counts only the consumed rows a step used.
+            used, stale, filtered = staged.ledger_counts()
+            lag = ctx.row_staleness(behavior)
+            known = lag[~np.isnan(lag)]
+            metrics.update({
+                "reward_mean": float(torch.tensor(sl.rows.column("reward").to_pylist()).mean()),
+                "trainer_wait_s": wait,
+                "rows_read": sl.num_rows,
+                "rows_used": used,
+                **staged.metrics,
+            })
+            if known.size:  # by lineage (astraflow/train/lineage.py), over the rows read
+                metrics["staleness_mean"] = float(known.mean())
+            if known.size < lag.size:
+                metrics["rows_lineage_unknown"] = float(lag.size - known.size)
+            batch = self._batch(rows) if rows.num_rows > 0 else None
+            payload = (batch, sl.start, sl.end, sl.num_rows, used)
+        batch, start, end, rows_read, rows_used = self.ranks.share(payload)
+        did_step = batch is not None
+        if batch is not None:
+            step_metrics, updates = self._optimize(batch)
             metrics.update(step_metrics)
             every = self.spec.algorithm.publish_every
             if (self.optimizer_steps + updates) // every > self.optimizer_steps // every:
@@ -243,25 +321,29 @@ class Trainer:
         took = self.maybe_publish()
         if took is not None:
             metrics["publish_s"] = took
-        self.ledger.record(LedgerEntry(
-            policy=self.policy, step=self.step, cursor_start=sl.start, cursor_end=sl.end,
-            rows_read=sl.num_rows, rows_used=used, rows_stale=stale,
-            rows_filtered=filtered, optimizer_step=did_step, weight_version=self.version,
-        ))
-        result = StepResult(self.step, sl.num_rows, used, metrics)
-        self.cursor = sl.end
-        self.rows_consumed += sl.num_rows
+        if self.main:
+            self.ledger.record(LedgerEntry(
+                policy=self.policy, step=self.step, cursor_start=start, cursor_end=end,
+                rows_read=rows_read, rows_used=rows_used, rows_stale=stale,
+                rows_filtered=filtered, optimizer_step=did_step, weight_version=self.version,
+            ))
+        result = StepResult(self.step, rows_read, rows_used, metrics)
+        self.cursor = end
+        self.rows_consumed += rows_read
         self.step += 1
         self._write_progress()
         metrics["step_time_s"] = time.time() - t0
         metrics["weight_version"] = self.version
-        self.ledger.log("trainer", self.policy, result.step, metrics)
+        if self.main:
+            self.ledger.log("trainer", self.policy, result.step, metrics)
         if self.step - self._checkpointed >= self.ctx.flow.trainer.checkpoint_every:
             self.save_checkpoint()
         self._last_step_end = time.time()
         return result
 
     def _write_progress(self) -> None:
+        if not self.main:
+            return
         self.ledger.write_progress(Progress(
             policy=self.policy, step=self.step - 1, cursor=self.cursor,
             rows_consumed=self.rows_consumed, weight_version=self.version, time=time.time()))
@@ -271,57 +353,96 @@ class Trainer:
         if self.step == self._checkpointed:
             return 0.0
         t0 = time.time()
-        files, meta = checkpoint.capture(self.model, self.opt, {
+        counters = {
             "steps_done": self.step, "cursor": self.cursor, "weight_version": self.version,
             "rows_consumed": self.rows_consumed, "optimizer_steps": self.optimizer_steps,
             "publish_pending": self.publish_pending,
             "updates_since_publish": self.updates_since_publish,
-            "lineage": self.lineage.to_json()})
-        self.checkpoints.save(self.policy, self.step, files, meta)
-        self.checkpoints.prune(self.policy, self.ctx.flow.trainer.keep_checkpoints)
+            "lineage": self.lineage.to_json()}
+        if self.ranks.sharded:
+            self._save_sharded(counters)
+        else:
+            files, meta = checkpoint.capture(self.model, self.opt, counters)
+            self.checkpoints.save(self.policy, self.step, files, meta)
+            self.checkpoints.prune(self.policy, self.ctx.flow.trainer.keep_checkpoints)
         self._checkpointed = self.step
         took = time.time() - t0
-        self.ledger.log("trainer", self.policy, self.step - 1, {"checkpoint_s": took})
+        if self.main:
+            self.ledger.log("trainer", self.policy, self.step - 1, {"checkpoint_s": took})
         return took
 
-    def _optimize(self, rows) -> tuple[dict[str, float], int]:
-        """One trainer step's updates on the staged rows (astraflow.train.loss.optimize);
-        returns (metrics, optimizer updates made). Logprobs are taken at the flow's
-        sampling temperature, as the engines record them. Rows sampled by exactly the
-        weights we hold (our version, no update since it was published) measure the
-        engine-vs-trainer logprob mismatch."""
-        algo = self.spec.algorithm
+    def _save_sharded(self, counters: dict) -> None:
+        """DCP across the ranks: rank 0 makes room, every rank writes its own shard
+        files, rank 0 writes the manifest naming them all, last."""
+        if self.main:
+            self.checkpoints.prepare(self.policy, self.step)
+        self.ranks.barrier()
+        with tempfile.TemporaryDirectory(prefix="astraflow-dcp-") as tmp:
+            files, meta = checkpoint.capture_sharded(self.module, self.opt, counters, tmp)
+        infos = self.checkpoints.put_files(self.policy, self.step, files)
+        every = self.ranks.gather(infos)
+        if self.main:
+            self.checkpoints.commit(self.policy, self.step,
+                                    {n: i for d in every for n, i in d.items()}, meta)
+            self.checkpoints.prune(self.policy, self.ctx.flow.trainer.keep_checkpoints)
+        self.ranks.barrier()
+
+    def _batch(self, rows) -> Batch:
+        """The staged rows as a Batch. Rows sampled by exactly the weights we hold (our
+        version, no update since it was published) measure the engine-vs-trainer
+        logprob mismatch."""
         comps = rows.column("completion_ids").to_pylist()
         same_weights = self.updates_since_publish == 0
         on_policy = [same_weights and v == self.version
                      for v in rows.column("behavior_version").to_pylist()]
-        batch = Batch.from_rows(
+        return Batch.from_rows(
             rows.column("prompt_ids").to_pylist(), comps,
             rows.column("behavior_logprobs").to_pylist(), rows.column("loss_mask").to_pylist(),
             rows.column("advantage").to_pylist(), on_policy,
             rows.column("loss_weight").to_pylist() if "loss_weight" in rows.column_names else None)
+
+    def _optimize(self, batch: Batch) -> tuple[dict[str, float], int]:
+        """One trainer step's updates on the batch (astraflow.train.loss.optimize, on
+        every rank); returns (metrics, optimizer updates made). Logprobs are taken at the
+        flow's sampling temperature, as the engines record them."""
+        algo = self.spec.algorithm
         settings = StepSettings(
             loss=LossConfig(algo.objective, algo.clip_eps, algo.dual_clip, algo.is_cap),
             temperature=self.ctx.flow.rollout.temperature, minibatches=algo.minibatches,
             micro_batch_rows=algo.micro_batch_rows, chunk_tokens=algo.logprob_chunk_tokens,
-            grad_clip=algo.grad_clip)
-        return optimize(self.model, self.opt, batch, self.codec.pad_id, settings)
+            grad_clip=algo.grad_clip, lr=lr_schedule(algo), first_update=self.optimizer_steps,
+            autocast=None if self.ranks.sharded else self.compute)
+        return optimize(self.module, self.opt, batch, self.codec.pad_id, settings, self.ranks)
 
     def _publish(self, parent: int | None = None) -> float:
         t0 = time.time()
-        staging = self.weights.staging_dir(self.policy)
-        save_policy(self.model, staging, source=self.carried)
+        state = None
+        if self.ranks.sharded:  # a collective: every rank sends its shards to rank 0
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+            )
+
+            full = get_model_state_dict(self.module, options=StateDictOptions(
+                full_state_dict=True, cpu_offload=True))
+            state = {k.removeprefix(checkpoint.WRAPPER_PREFIX): v for k, v in full.items()}
         # Lineage: our weights descend from self.version; a new depth only if they carry
         # updates it lacks (a republish of restored weights may not).
         source = self.version if parent is None else parent
         depth = self.lineage.depth(source) + (1 if self.updates_since_publish else 0)
-        self.version = self.weights.publish(self.policy, staging, step=self.step, parent=source,
-                                            lineage=depth)
+        version = None
+        if self.main:
+            staging = self.weights.staging_dir(self.policy)
+            save_policy(self.model, staging, source=self.carried, state_dict=state)
+            version = self.weights.publish(self.policy, staging, step=self.step, parent=source,
+                                           lineage=depth)
+        self.version = self.ranks.share(version)
         self.lineage.add(self.version, source, depth)
         self.updates_since_publish = 0
-        store = self.ctx.flow.store
-        self.weights.prune(self.policy, keep_last=store.keep_last, keep_every=store.keep_every)
-        self.mirror.kick()
+        if self.main:
+            store = self.ctx.flow.store
+            self.weights.prune(self.policy, keep_last=store.keep_last, keep_every=store.keep_every)
+            self.mirror.kick()
         return time.time() - t0
 
     def run(self, *, max_steps: int | None = None, deadline: float | None = None,
@@ -330,24 +451,33 @@ class Trainer:
         then checkpoint (a stop request is how spot preemption notices arrive)."""
         max_steps = self.ctx.flow.stop.max_steps if max_steps is None else max_steps
         poll = self.ctx.flow.trainer.poll_interval_s
-        while self.step < max_steps and not should_stop():
-            if deadline is not None and time.time() > deadline:
+        while True:
+            # Rank 0 decides (stop, idle or step) and the ranks follow: a stop request or
+            # a deadline seen by one rank alone would leave the others in a collective.
+            action, sl = "stop", None
+            if self.main and self.step < max_steps and not should_stop() and (
+                    deadline is None or time.time() <= deadline):
+                sl = self.poll()
+                action = "idle" if sl is None else "step"
+            action = self.ranks.share(action)
+            if action == "stop":
                 break
-            sl = self.poll()
-            if sl is None:
+            if action == "idle":
                 if self.maybe_publish() is not None:  # the barrier opened while we waited
                     self._write_progress()
-                time.sleep(poll)
+                if self.main:
+                    time.sleep(poll)
                 continue
             res = self.train_on(sl)
             testing.pause_at(self.policy, res.step)  # inert unless a test asks (astraflow.testing)
-            if res.step % 10 == 0:
+            if self.main and res.step % 10 == 0:
                 m = res.metrics
                 log.info("step %d v%d reward %.3f used %d/%d loss %.4f wait %.2fs",
                          res.step, self.version, m["reward_mean"], res.rows_used, res.rows_read,
                          m.get("loss", float("nan")), m["trainer_wait_s"])
         took = self.save_checkpoint()
-        if took:
+        if took and self.main:
             log.info("checkpointed %s after step %d in %.2fs", self.policy, self.step - 1, took)
-        self.mirror.stop(timeout=10.0)  # the newest version out to the replicas, if it can
+        if self.main:
+            self.mirror.stop(timeout=10.0)  # the newest version out to the replicas, if it can
         return self.step

@@ -1,0 +1,91 @@
+"""One optimizer step of `astraflow.train.loss.optimize` on a fixed batch, alone or as a
+rank under torchrun (tests/test_distributed.py runs it both ways and compares).
+
+    python -m tests.dist_step MODEL_DIR OUT_DIR [--objective ppo|decoupled]
+        [--minibatches M] [--micro-batch-rows R] [--rows N] [--lr LR]
+
+Writes OUT_DIR/weights.safetensors (the full updated weights, gathered on rank 0)
+and OUT_DIR/metrics.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import torch
+
+
+def fixed_batch(rows: int, vocab: int, seed: int = 0):
+    """Rows of different lengths (so ranks' shares differ in tokens), seeded."""
+    from astraflow.train.loss import Batch
+
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(3, 8))] for _ in range(rows)]
+    comps = [[rng.randrange(3, vocab) for _ in range(rng.randint(2, 9))] for _ in range(rows)]
+    logps = [[-rng.uniform(0.1, 3.0) for _ in c] for c in comps]
+    masks = [[1 if rng.random() < 0.85 else 0 for _ in c] for c in comps]
+    advs = [rng.uniform(-1.0, 1.0) for _ in range(rows)]
+    on_policy = [i % 2 == 0 for i in range(rows)]
+    return Batch.from_rows(prompts, comps, logps, masks, advs, on_policy)
+
+
+def step(model_dir: str, *, objective: str = "ppo", minibatches: int = 1,
+         micro_batch_rows: int | None = None, rows: int = 4, lr: float = 1e-3
+         ) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
+    """(full weights after one step on rank 0, else None; metrics) — alone or sharded."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from astraflow.models.hf import load_policy
+    from astraflow.train.dist import Ranks, shard
+    from astraflow.train.loss import LogprobModel, LossConfig, StepSettings, optimize
+
+    torch.manual_seed(0)
+    ranks = Ranks.from_env("cpu")
+    model = load_policy(model_dir, dtype="float32")
+    model.train()
+    module: torch.nn.Module = model
+    if ranks.sharded:
+        module = LogprobModel(model, ranks.device)
+        shard(module, model, ranks, None)
+    opt = torch.optim.AdamW(module.parameters(), lr=lr, betas=(0.9, 0.99))
+    batch = fixed_batch(rows, model.config.vocab_size)
+    settings = StepSettings(loss=LossConfig(objective), minibatches=minibatches,
+                            micro_batch_rows=micro_batch_rows, chunk_tokens=7)
+    metrics, updates = optimize(module, opt, batch, 0, settings, ranks)
+    metrics["updates"] = float(updates)
+    full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True,
+                                                                 cpu_offload=True))
+    weights = {k.removeprefix("policy."): v.clone() for k, v in full.items()} if ranks.main else None
+    ranks.close()
+    return weights, metrics
+
+
+def main() -> None:
+    from safetensors.torch import save_file
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model_dir")
+    ap.add_argument("out")
+    ap.add_argument("--objective", default="ppo")
+    ap.add_argument("--minibatches", type=int, default=1)
+    ap.add_argument("--micro-batch-rows", type=int, default=None)
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    weights, metrics = step(a.model_dir, objective=a.objective, minibatches=a.minibatches,
+                            micro_batch_rows=a.micro_batch_rows, rows=a.rows, lr=a.lr)
+    if weights is not None:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        # Tied weights come back as one tensor under two names: store each name's copy.
+        save_file({k: v.contiguous().clone() for k, v in weights.items()},
+                  str(out / "weights.safetensors"))
+        (out / "metrics.json").write_text(json.dumps(metrics))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Trainer device, precision, learning-rate schedule and gradient checkpointing (one process)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+
+from astraflow.flow import AlgorithmSpec
+from astraflow.run import RunContext
+from astraflow.train.dist import compute_dtype, resolve_device
+from astraflow.train.trainer import Trainer, lr_schedule
+from tests.runs import seeded_run
+from tests.test_resume import BATCH, fill, params, train
+
+
+def test_device_choice_never_falls_back_silently(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(RuntimeError, match="trainer.device is cuda but torch sees no CUDA"):
+        resolve_device("cuda")
+    assert compute_dtype("auto", torch.device("cpu")) is None
+    assert compute_dtype("auto", torch.device("cuda", 0)) is torch.bfloat16
+    assert compute_dtype("bf16", torch.device("cpu")) is torch.bfloat16
+    assert compute_dtype("fp32", torch.device("cuda", 0)) is None
+
+
+def test_lr_schedule_warmup_then_cosine():
+    assert lr_schedule(AlgorithmSpec(lr=1e-3)) is None  # constant: the optimizer's own
+    at = lr_schedule(AlgorithmSpec(lr=1e-3, lr_warmup_steps=4, lr_schedule="cosine",
+                                   lr_decay_steps=10, lr_min_ratio=0.1))
+    assert at is not None
+    assert [at(n) for n in range(4)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    assert at(4) == pytest.approx(1e-3)
+    assert at(9) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert at(14) == pytest.approx(1e-4) and at(100) == pytest.approx(1e-4)
+    flat = lr_schedule(AlgorithmSpec(lr=1e-3, lr_warmup_steps=2))
+    assert flat is not None and [flat(n) for n in range(4)] == pytest.approx([5e-4, 1e-3, 1e-3, 1e-3])
+
+
+def make(run, policy_dir, **trainer) -> RunContext:
+    flow = {
+        "name": "d", "policies": [{"name": "solver", "model": {"hidden_size": 64, "layers": 2,
+                                                               "heads": 2, "intermediate_size": 128},
+                                   "algorithm": {"lr": 0.01, "publish_every": 2,
+                                                 "lr_warmup_steps": 3, "lr_schedule": "cosine",
+                                                 "lr_decay_steps": 5,
+                                                 "gradient_checkpointing": True}}],
+        "env": {"digits": 2, "eval_size": 20},
+        "rollout": {"prompts_per_batch": 2, "samples_per_prompt": 4},
+        "trainer": {"checkpoint_every": 3, "device": "cpu", **trainer},
+        "store": {"keep_last": 2, "keep_every": 0},
+    }
+    ctx = seeded_run(run, flow, policy_dir)
+    fill(ctx, 6)
+    return ctx
+
+
+def test_schedule_and_bf16_compute_resume_bit_for_bit(tmp_path, tiny_policy_dir):
+    """bf16 compute over float32 weights (autocast, here on the CPU), gradient
+    checkpointing and a warmup+cosine schedule: the rate follows the schedule, the
+    weights stay float32 and move, and a resumed trainer continues exactly (the
+    schedule's position is the checkpointed update count)."""
+    a = make(tmp_path / "a", tiny_policy_dir, precision="bf16")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    straight = Trainer(a)
+    assert straight.compute is torch.bfloat16 and straight.model.is_gradient_checkpointing
+    before = params(straight.model)
+    train(straight, 2)
+    assert straight.opt.param_groups[0]["lr"] == pytest.approx(0.01 * 2 / 3)
+    assert all(p.dtype == torch.float32 for p in straight.model.parameters())
+    assert any(not torch.equal(x, y) for x, y in zip(before, params(straight.model), strict=True))
+    train(straight, 4)
+    at = lr_schedule(straight.spec.algorithm)
+    assert at is not None and straight.opt.param_groups[0]["lr"] == pytest.approx(at(5))
+
+    b = RunContext.open(tmp_path / "b")
+    first = Trainer(b)
+    train(first, 3)  # checkpoint after 3 steps
+    del first
+    second = Trainer(b)
+    assert second.step == 3
+    train(second, 3)
+    assert all(torch.equal(x, y) for x, y in
+               zip(params(straight.model), params(second.model), strict=True))
+    assert len(b.ledger().entries("solver")) == 6 and BATCH == 8
+
+
+@pytest.mark.gpu
+def test_trainer_on_cuda_bf16(tmp_path, tiny_policy_dir):
+    """On a GPU: the model lives on CUDA in float32, steps in bf16, and the checkpoint
+    holds the CUDA RNG state."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    ctx = make(tmp_path / "g", tiny_policy_dir, device="cuda")
+    tr = Trainer(ctx)
+    assert next(tr.model.parameters()).device.type == "cuda" and tr.compute is torch.bfloat16
+    train(tr, 3)
+    ck = ctx.checkpoints().latest("solver")
+    assert ck is not None
+    from safetensors.torch import load
+
+    assert "rng/cuda" in load(ck.files["state.safetensors"])
