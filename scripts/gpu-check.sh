@@ -3,7 +3,9 @@
 #   1. every test marked `gpu` (python -m pytest -m gpu): device placement after a
 #      restore, a bf16 autocast step, and whatever else carries the marker;
 #   2. the SmolLM2 example (examples/smollm2-math.yaml) for a few minutes on the GPU,
-#      the trainer on CUDA where this build has `trainer.device`.
+#      the trainer on CUDA where this build has `trainer.device`;
+#   3. where vllm imports, the same flow with a vLLM worker and the trainer sharing the
+#      GPU (rollout.gpu_memory_utilization 0.4, trainer.gpu_memory_fraction 0.5).
 # Then prints: GPU, torch/CUDA versions, pass/fail/skip counts, the example's numbers.
 #
 #   bash scripts/gpu-check.sh                 # from the repository root, in its venv
@@ -97,6 +99,19 @@ print(f"{led.get('steps')} steps ({s.get('stop_reason')}), {s.get('steps_per_sec
       f"{s.get('accuracy_final', 0):.1%}; restarts {s.get('restarts')}")
 EOF
 )"
+# --- 3. One GPU shared: a vLLM worker and the trainer colocated, when vllm is here ------
+COLO="skipped (vllm does not import in $PY)"
+if "$PY" -c 'import vllm' >/dev/null 2>&1; then
+  echo "== colocated: vllm worker (gpu_memory_utilization 0.4) + trainer (fraction 0.5)"
+  timeout $(( MINUTES * 30 + 300 )) "$PY" -m astraflow.cli run examples/smollm2-math.yaml \
+    "${SETS[@]}" --set "stop.max_minutes=$(( (MINUTES + 1) / 2 ))" --set rollout.engine=vllm \
+    --set rollout.gpu_memory_utilization=0.4 --set trainer.gpu_memory_fraction=0.5 \
+    --runs "$OUT/colocated" --overwrite >"$OUT/colocated.log" 2>&1
+  COLO_RC=$?
+  tail -n 4 "$OUT/colocated.log"
+  [ "$COLO_RC" = 0 ] || STATUS=1
+  COLO="rc $COLO_RC; log $OUT/colocated.log"
+fi
 PEAK="$(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null | head -n1)"
 
 # --- Report ---------------------------------------------------------------------------
@@ -106,6 +121,7 @@ echo "$INFO"
 echo "gpu tests:   $COUNTS (rc $TESTS_RC; log $OUT/gpu-tests.log)"
 echo "smollm2:     rc $RUN_RC in $(( $(date +%s) - START )) s; trainer on $TRAINER_ON"
 echo "             $NUMBERS"
+echo "colocated:   $COLO"
 echo "gpu memory:  ${PEAK:-n/a} in use at the end (nvidia-smi)"
 echo "result:      $([ $STATUS = 0 ] && echo PASS || echo FAIL)"
 exit $STATUS

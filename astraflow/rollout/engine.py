@@ -240,17 +240,21 @@ def check_engine(kind: str) -> None:
             ".venv-vllm/bin/astraflow, or `pip install 'astraflow[vllm]'` on a GPU machine.")
 
 
-def make_engine(kind: str, path: Path, *, dtype: str = "auto", lora_rank: int | None = None
-                ) -> Engine:
+def make_engine(kind: str, path: Path, *, dtype: str = "auto", lora_rank: int | None = None,
+                gpu_memory_utilization: float | None = None) -> Engine:
     """Build the flow's `rollout.engine` on a version folder (`dtype`: the policy's
     `model.dtype`; vLLM runs the checkpoint's own dtype, see vllm_engine). `lora_rank`:
     a LoRA policy's `model.lora.r`, so vLLM starts with LoRA enabled even on version
-    0 (the hf engine merges adapters and needs no notice)."""
+    0 (the hf engine merges adapters and needs no notice). `gpu_memory_utilization`:
+    the flow's `rollout.gpu_memory_utilization`, vLLM's share of a GPU shared with a
+    trainer (None: vLLM's default)."""
     if kind == "hf":
         return HFEngine.from_dir(path, dtype=dtype)
     if kind == "vllm":
         check_engine(kind)
         from astraflow.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine.from_dir(path, max_lora_rank=lora_rank)
+        extra = ({} if gpu_memory_utilization is None
+                 else {"gpu_memory_utilization": gpu_memory_utilization})
+        return VLLMEngine.from_dir(path, max_lora_rank=lora_rank, **extra)
     raise ValueError(f"unknown engine {kind!r}: 'hf' or 'vllm'")

@@ -165,7 +165,8 @@ class RolloutWorker:
                 model = self.ctx.flow.policy_spec(policy).model
                 self.engines[policy] = make_engine(
                     self.ctx.flow.rollout.engine, path, dtype=model.dtype,
-                    lora_rank=model.lora.r if model.lora else None)
+                    lora_rank=model.lora.r if model.lora else None,
+                    gpu_memory_utilization=self.ctx.flow.rollout.gpu_memory_utilization)
             else:
                 self.engines[policy].load_weights(path)
         except OSError as err:

@@ -224,6 +224,10 @@ class Trainer:
             if device.type != "cpu":
                 self.model.to(device)
             self.module = self.model
+        fraction = self.ctx.flow.trainer.gpu_memory_fraction
+        if fraction is not None and device.type == "cuda":
+            # A GPU shared with a vLLM worker: past this share, fail here, not there.
+            torch.cuda.set_per_process_memory_fraction(fraction, device)
 
     def _roll_back(self) -> int:
         """Rank 0: void the ledger's steps past the checkpoint; returns the steps it had."""
