@@ -110,12 +110,17 @@ def train(
     run_dir: RunTarget,
     policy: Annotated[str | None, typer.Option(help="the policy to train (required when the "
                                                    "flow has several)")] = None,
-    sync: Annotated[bool, typer.Option(help="trainer-centred baseline: drive a worker and every "
-                                            "policy's trainer in lockstep")] = False,
+    mode: Annotated[str | None, typer.Option(help="async: this policy's trainer; sync: the "
+                                                 "trainer-centred baseline, driving a worker "
+                                                 "and every policy's trainer in lockstep "
+                                                 "(default: the run's flow mode)")] = None,
     max_steps: Annotated[int | None, typer.Option(help="override stop.max_steps")] = None,
 ) -> None:
     """Run one policy's trainer (resumes from its newest checkpoint; SIGTERM checkpoints)."""
-    ctx = _open(run_dir, "sync" if sync else f"trainer-{policy or 'main'}")
+    if mode not in (None, "async", "sync"):
+        _fail(f"--mode takes async or sync, got {mode!r}")
+    ctx = _open(run_dir, "sync" if mode == "sync" else f"trainer-{policy or 'main'}")
+    sync = (mode or ctx.flow.mode) == "sync"
     if max_steps is not None:
         ctx.flow.stop.max_steps = max_steps
     names = ctx.flow.policy_names()

@@ -2,7 +2,7 @@
 
     launcher ─┬─ warm start → publish weights v0; evaluate v0 on the held-out set
               ├─ spawn: W × `astraflow rollout RUN`  +  `astraflow train RUN`
-              │         (or one `astraflow train RUN --sync` for the baseline)
+              │         (or one `astraflow train RUN --mode sync` for the baseline)
               ├─ every second: supervise (restart crashes), show progress from the
               │   metrics table; every eval_every_s: greedy eval of the newest
               │   version on a held-out slice; compact tables as maintenance
@@ -68,7 +68,7 @@ def components(ctx: RunContext) -> list[Component]:
         # threads than cores: oversubscribing one process only slows it down).
         threads = min(flow.rollout.threads * flow.rollout.workers + flow.trainer.threads,
                       os.cpu_count() or 1)
-        return [Component("sync", ["train", run, "--sync"], threads, logs / "sync.log")]
+        return [Component("sync", ["train", run, "--mode", "sync"], threads, logs / "sync.log")]
     # trainer.ranks > 1: torchrun starts the ranks and ends them all when one dies; the
     # supervisor restarts it as a whole (resume: checkpoint, rollback, republish).
     launcher = (["-m", "torch.distributed.run", "--standalone",
