@@ -175,14 +175,17 @@ class Ledger:
         self.log_many(component, [(policy, step, values)])
 
     def log_many(self, component: str,
-                 entries: list[tuple[str, int, dict[str, float]]]) -> None:
+                 entries: list[tuple[str, int, dict[str, float]]],
+                 more: list[tuple[str, str, int, dict[str, float]]] = ()) -> None:
         """Metrics of several policies, (policy, step, values) each, in one commit: a
-        worker serving N policies writes one metrics commit per batch, not N."""
+        worker serving N policies writes one metrics commit per batch, not N. `more`:
+        rows of other components in the same commit, (component, key, step, values)."""
         now = time.time()
         rows = [
-            {"time": now, "component": component, "policy": policy, "step": step,
+            {"time": now, "component": comp, "policy": policy, "step": step,
              "name": k, "value": float(v)}
-            for policy, step, values in entries for k, v in values.items()
+            for comp, policy, step, values in [*((component, *e) for e in entries), *more]
+            for k, v in values.items()
         ]
         if rows:
             _lance.append(self.metrics, pa.Table.from_pylist(rows, schema=METRICS_SCHEMA),

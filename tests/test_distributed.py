@@ -237,7 +237,7 @@ def test_two_rank_trainer_under_the_local_launcher(tmp_path):
     audit = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run_dir), "--json"],
                            capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr
-    counts = json.loads(audit.stdout)["solver"]
+    counts = json.loads(audit.stdout)["policies"]["solver"]
     assert counts["steps"] == 6 and counts["violations"] == 0
     ck = RunContext.open(run_dir).checkpoints().latest("solver")
     assert ck is not None and ck.meta["layout"] == checkpoint.LAYOUT

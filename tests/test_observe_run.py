@@ -182,13 +182,14 @@ def _tensorboard(logdir: Path) -> dict[tuple[str, str], list[tuple[int, float]]]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = {}
-    for comp in ("trainer", "rollout", "eval"):
+    for comp in ("trainer", "rollout", "eval", "worker"):
         acc = EventAccumulator(str(logdir / comp), size_guidance={"scalars": 0})
         acc.Reload()
         for tag in acc.Tags()["scalars"]:
             name = tag.rsplit("/", 1)[1]
             out[(comp, name)] = [(e.step, e.value) for e in acc.Scalars(tag)]
-            want = f"solver/{name}" if comp == "trainer" else f"solver/{comp}/{name}"
+            want = {"trainer": f"solver/{name}", "worker": f"workers/w0/{name}"}.get(
+                comp, f"solver/{comp}/{name}")
             assert tag == want
     return out
 
@@ -239,8 +240,11 @@ def _wandb_history(path: str) -> dict[tuple[str, str], list[tuple[int, float]]]:
             parts = key.split("/")
             if key.startswith("_") or parts[-1] == "step":
                 continue
-            comp = "trainer" if len(parts) == 2 else parts[1]
-            step_key = "solver/step" if comp == "trainer" else f"solver/{comp}/step"
+            if parts[0] == "workers":  # per worker: workers/<id>/<name>
+                comp, step_key = "worker", f"workers/{parts[1]}/step"
+            else:
+                comp = "trainer" if len(parts) == 2 else parts[1]
+                step_key = "solver/step" if comp == "trainer" else f"solver/{comp}/step"
             out[(comp, parts[-1])].append((items[step_key], value))
     return out
 

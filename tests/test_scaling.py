@@ -406,8 +406,8 @@ def test_autoscaler_observes_the_store_and_acts(tmp_path):
         assert again.observe().pool("local").live == 1 and w.worker_id.startswith("local-")
         # Its rows reach the autoscaler as `worker_rows` metrics rows naming the worker.
         assert again.observe().pool("local").starting == 1  # no row yet
-        led.log("rollout", w.worker_id, 1, {"worker_rows": 16})
-        led.log("rollout", "another-worker", 1, {"worker_rows": 64})
+        led.log("worker", w.worker_id, 1, {"worker_rows": 16})
+        led.log("worker", "another-worker", 1, {"worker_rows": 64})
         st = again.observe().pool("local")
         assert st.starting == 0 and st.rows_per_s and st.rows_per_s > 0
         assert again._rows_by_worker(time.time()) == {w.worker_id: 16, "another-worker": 64}

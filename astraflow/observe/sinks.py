@@ -63,6 +63,8 @@ class Point:
             return f"{self.policy}/{self.name}"
         if self.component == "scale":
             return f"scale/{self.policy}/{self.name}"
+        if self.component == "worker":  # keyed by the worker's id, not a policy
+            return f"workers/{self.policy}/{self.name}"
         return f"{self.policy}/{self.component}/{self.name}"
 
     @property
@@ -72,6 +74,8 @@ class Point:
             return f"{self.policy}/step"
         if self.component == "scale":
             return f"scale/{self.policy}/decision"
+        if self.component == "worker":
+            return f"workers/{self.policy}/step"
         return f"{self.policy}/{self.component}/step"
 
 

@@ -266,8 +266,10 @@ class RolloutWorker:
                 "tool_s": sum(float(p.extras.get("tool_s", 0.0)) for p in parts
                               if self.cast[p.role] == policy),
             }))
-        metrics.append((self.worker_id, self.batches, {"worker_rows": total}))  # scale: per worker
-        self.ledger.log_many("rollout", metrics)
+        # Per worker, for the autoscaler: component `worker`, keyed by the worker's id (the
+        # `rollout` rows above are keyed by policy).
+        self.ledger.log_many("rollout", metrics,
+                             more=[("worker", self.worker_id, self.batches, {"worker_rows": total})])
         return total
 
     def run(self, *, max_batches: int | None = None, deadline: float | None = None,

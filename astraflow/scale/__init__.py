@@ -73,13 +73,13 @@ class Autoscaler:
 
     def _rows_by_worker(self, now: float) -> dict[str, int]:
         """Rows each worker appended in the window: the `worker_rows` metrics rows a rollout
-        worker logs with every batch (their policy column names the worker), so one
+        worker logs with every batch (component `worker`, keyed by its id), so one
         filtered read of the metrics table instead of a scan of every trajectory table's
         worker column each tick."""
         out: dict[str, int] = defaultdict(int)
         for r in self.ctx.ledger().read_metrics(since=now - self.window_s,
                                                 names=["worker_rows"]).to_pylist():
-            if r["component"] == "rollout":
+            if r["component"] == "worker":  # keyed by the worker's id
                 out[r["policy"]] += int(r["value"])
         return out
 
