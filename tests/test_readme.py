@@ -186,3 +186,28 @@ def test_python_blocks_compile_and_import_what_they_name():
                 mod = importlib.import_module(node.module)
                 for alias in node.names:
                     assert hasattr(mod, alias.name), f"{node.module} has no {alias.name}"
+
+
+def test_every_layout_entry_exists():
+    """The README's Layout block: each top-level entry (`astraflow/`, `stores/`, …) and each
+    entry indented under a folder (`  flow.py`, `  rollout/`, `  launch.py, cloud.py`) is a
+    real path; entries that are only prose (after two spaces of description) are ignored."""
+    text = README.read_text()
+    section = re.search(r"^## Layout\n\n```\n(.*?)^```", text, re.M | re.S)
+    assert section, "README.md has no Layout block"
+    parent: str | None = None
+    checked = []
+    for line in section.group(1).splitlines():
+        if not line.strip() or line.startswith(" " * 6):  # a description's continuation
+            continue
+        names = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+        top = not line.startswith(" ")
+        for name in (n.strip() for n in names.split(",")):
+            if not re.fullmatch(r"[\w.-]+/?", name):
+                continue
+            path = name if top else f"{parent}{name}"
+            checked.append(path)
+            assert (REPO / path).exists(), f"README layout names {path}, which does not exist"
+        if top:
+            parent = names.strip() if names.strip().endswith("/") else None
+    assert len(checked) >= 20, checked
