@@ -23,6 +23,15 @@ def ctx(tmp_path, tiny_policy_dir):
     }, tiny_policy_dir, versions=2)
 
 
+def republish(ws, *, step: int) -> int:
+    """Publish version 1's files again as a new version; returns its number."""
+    st = ws.staging_dir("solver")
+    for f in ws.dir("solver", 1).iterdir():
+        if f.name != "MANIFEST.json":
+            shutil.copy(f, st)
+    return ws.publish("solver", st, step=step)
+
+
 def test_worker_writes_one_commit_per_batch_with_logprobs(ctx):
     w = RolloutWorker(ctx, "wA")
     assert w.refresh_weights() and w.version == 1
@@ -41,11 +50,7 @@ def test_tampered_version_is_refused_and_previous_kept(ctx, caplog):
     w = RolloutWorker(ctx, "wA")
     w.refresh_weights()
     ws = ctx.weights()
-    st = ws.staging_dir("solver")
-    for f in ws.dir("solver", 1).iterdir():
-        if f.name != "MANIFEST.json":
-            shutil.copy(f, st)
-    v2 = ws.publish("solver", st, step=2)
+    v2 = republish(ws, step=2)
     f = ws.dir("solver", v2) / "model.safetensors"
     data = bytearray(f.read_bytes())
     data[-10] ^= 0xFF
@@ -81,11 +86,7 @@ def test_a_version_pruned_while_the_engine_loads_it_is_skipped(ctx, monkeypatch)
     w = RolloutWorker(ctx, "wA")
     w.refresh_weights()
     ws = ctx.weights()
-    st = ws.staging_dir("solver")
-    for f in ws.dir("solver", 1).iterdir():
-        if f.name != "MANIFEST.json":
-            shutil.copy(f, st)
-    ws.publish("solver", st, step=2)
+    republish(ws, step=2)
     engine = w.engines["solver"]
 
     def vanish(path):
@@ -94,11 +95,7 @@ def test_a_version_pruned_while_the_engine_loads_it_is_skipped(ctx, monkeypatch)
 
     monkeypatch.setattr(engine, "load_weights", vanish)
     assert not w.refresh_weights() and w.version == 1
-    st = ws.staging_dir("solver")
-    for f in ws.dir("solver", 1).iterdir():
-        if f.name != "MANIFEST.json":
-            shutil.copy(f, st)
-    assert ws.publish("solver", st, step=3) > 1   # a new version for the worker to load
+    assert republish(ws, step=3) > 1   # a new version for the worker to load
 
     def broken(path):
         raise OSError("disk on fire")

@@ -39,7 +39,7 @@ from astraflow.envs.base import (
     tool_listing,
 )
 from astraflow.envs.sandbox import RunResult, SandboxLimits, run_python
-from astraflow.envs.split import Split
+from astraflow.envs.split import Split, SplitTasks
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def format_run(r: RunResult, max_chars: int) -> ToolResult:
     return ToolResult(output=text, error=error, seconds=r.seconds)
 
 
-class CodeEnv:
+class CodeEnv(SplitTasks):
     """One-line Python functions with hidden tests, graded in the sandbox."""
 
     name = "code"
@@ -209,15 +209,6 @@ class CodeEnv:
         return Task(task_id=key, prompt=f"f({family.arg}): {family.spec(*params)}",
                     answer=family.solution(*params),
                     data={"inputs": inputs, "expected": expected})
-
-    def sample(self, rng: random.Random) -> Task:
-        return self.task(self.split.sample(rng))
-
-    def eval_tasks(self, n: int) -> list[Task]:
-        return [self.task(k) for k in self.split.eval_keys(n)]
-
-    def is_heldout(self, task: Task) -> bool:
-        return self.split.contains_heldout(task.task_id)
 
     def instructions(self) -> str:
         return ("Write the Python function f in one line, as f=lambda ...\n"

@@ -12,6 +12,8 @@ import hashlib
 import random
 from collections.abc import Mapping, Sequence
 
+from astraflow.envs.base import Task
+
 
 def is_heldout(key: str, fraction: float, salt: str = "") -> bool:
     h = hashlib.blake2b(f"{salt}|{key}".encode(), digest_size=8).digest()
@@ -54,3 +56,21 @@ class Split:
     def contains_heldout(self, key: str) -> bool:
         return is_heldout(key, self.fraction, self.salt)
 
+
+class SplitTasks:
+    """`sample`, `eval_tasks` and `is_heldout` of an Env whose tasks are keyed by a
+    `Split` (`self.split`) and built by `self.task(key)`: the code and SQL envs."""
+
+    split: Split
+
+    def task(self, key: str) -> Task:
+        raise NotImplementedError
+
+    def sample(self, rng: random.Random) -> Task:
+        return self.task(self.split.sample(rng))
+
+    def eval_tasks(self, n: int) -> list[Task]:
+        return [self.task(k) for k in self.split.eval_keys(n)]
+
+    def is_heldout(self, task: Task) -> bool:
+        return self.split.contains_heldout(task.task_id)

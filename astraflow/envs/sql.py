@@ -43,7 +43,7 @@ from astraflow.envs.base import (
     ToolResult,
     tool_listing,
 )
-from astraflow.envs.split import Split
+from astraflow.envs.split import Split, SplitTasks
 
 SCHEMA_VERSION = 1  # part of the cache path: a change to the generator must bump it
 NAMES = ("Ada", "Ben", "Cy", "Dan", "Eve", "Fay", "Gus", "Hal", "Ivy", "Jo", "Kim", "Lee",
@@ -216,7 +216,7 @@ class SqlTool:
         return ToolResult(output=text, seconds=time.monotonic() - t0)
 
 
-class SqlEnv:
+class SqlEnv(SplitTasks):
     """Questions over generated SQLite databases, answered through read-only SQL."""
 
     name = "sql"
@@ -272,15 +272,6 @@ class SqlEnv:
         answer = ", ".join(fmt(r[0]) for r in rows)
         return Task(task_id=key, prompt=f"Tables: {TABLES[q.theme]}\n{q.text(value)}",
                     answer=answer, data={"db": path, "gold": gold})
-
-    def sample(self, rng: random.Random) -> Task:
-        return self.task(self.split.sample(rng))
-
-    def eval_tasks(self, n: int) -> list[Task]:
-        return [self.task(k) for k in self.split.eval_keys(n)]
-
-    def is_heldout(self, task: Task) -> bool:
-        return self.split.contains_heldout(task.task_id)
 
     def instructions(self) -> str:
         return ("Answer the question about the database. Query it first.\n"
