@@ -37,7 +37,6 @@ from typing import Any, Protocol
 
 from astraflow.run import RunContext
 from astraflow.stores import _lance
-from astraflow.stores.ledger import METRICS_SCHEMA
 
 log = logging.getLogger("astraflow.observe")
 
@@ -169,20 +168,9 @@ class Follower:
 
     def read(self) -> list[Point]:
         """New points, in commit order, with their sink steps assigned."""
-        table, after = self._metrics.metrics, self.after
+        from astraflow.observe.view import metrics_after, sorted_rows
 
-        def read():
-            ds = _lance.latest_dataset(table)
-            top = int(ds.version)
-            if top <= after:
-                return top, None
-            return top, ds.to_table(filter=f"{_lance.CREATED_AT_VERSION} > {after} AND "
-                                           f"{_lance.CREATED_AT_VERSION} <= {top}",
-                                    columns=[*METRICS_SCHEMA.names, _lance.CREATED_AT_VERSION])
-
-        from astraflow.observe.view import sorted_rows
-
-        top, new = self._metrics._read(read, "reading metrics")
+        top, new = metrics_after(self._metrics, self.after)
         self.after = top
         if new is None:
             return []

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from astraflow.run import RunContext
 from astraflow.stores import _lance
-from astraflow.stores.ledger import Progress
+from astraflow.stores.ledger import METRICS_SCHEMA, Ledger, Progress
 
 #: Width of the time bins of `workers_per_pool`, seconds.
 BIN_S = 5.0
@@ -37,6 +37,24 @@ def pool_of(worker: str, region: str) -> str:
     others are grouped by the region they reported, or `local`."""
     m = re.match(r"(.+)-x\d+$", worker)
     return m.group(1) if m else (region or "local")
+
+
+def metrics_after(ledger: Ledger, after: int) -> tuple[int, pa.Table | None]:
+    """The metrics table's rows committed after table version `after`, with their commit
+    version: (newest version, rows), or (newest version, None) when nothing is new. One
+    read; the dashboard's view and the metric sinks both follow the table this way."""
+    table = ledger.metrics
+
+    def read() -> tuple[int, pa.Table | None]:
+        ds = _lance.latest_dataset(table)
+        top = int(ds.version)
+        if top <= after:
+            return top, None
+        return top, ds.to_table(filter=f"{_lance.CREATED_AT_VERSION} > {after} AND "
+                                       f"{_lance.CREATED_AT_VERSION} <= {top}",
+                                columns=[*METRICS_SCHEMA.names, _lance.CREATED_AT_VERSION])
+
+    return ledger._read(read, "reading metrics")
 
 
 @dataclass
@@ -109,20 +127,8 @@ class RunView:
         return self
 
     def _read_metrics(self) -> None:
-        table, after = self._ledger.metrics, self._metrics_v
-
-        def read() -> tuple[int, pa.Table | None]:
-            ds = _lance.latest_dataset(table)
-            top = int(ds.version)
-            if top <= after:
-                return top, None
-            return top, ds.to_table(filter=f"{_lance.CREATED_AT_VERSION} > {after} AND "
-                                           f"{_lance.CREATED_AT_VERSION} <= {top}",
-                                    columns=["time", "component", "policy", "step", "name",
-                                             "value", _lance.CREATED_AT_VERSION])
-
         self.reads["metrics"] += 1
-        top, new = self._ledger._read(read, "reading metrics")
+        top, new = metrics_after(self._ledger, self._metrics_v)
         self._metrics_v = top
         if new is None:
             return
