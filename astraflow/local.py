@@ -183,7 +183,7 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
         "warm_start": warm, "heldout_tasks": head["heldout_items"],
         "accuracy_v0": head["accuracy_v0"], "final_version": head["final_version"],
         "accuracy_final": head["accuracy_final"], "improvement_points": head["improvement_points"],
-        "rl_seconds": t_end - t0, "total_seconds": time.time() - t_start,
+        "started_at": t0, "rl_seconds": t_end - t0, "total_seconds": time.time() - t_start,
         "ledger": head["ledger"], "steps_per_second": head["steps_per_second"],
         "rows_per_second": head["rows_per_second"], "policies": per_policy,
         "live_eval": live,
