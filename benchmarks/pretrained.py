@@ -172,9 +172,32 @@ def astraflow_run(flow_path: str, minutes: float, points: float, console: Consol
             if curve[-1][2] >= target:
                 break  # the time to target is known; later versions cannot change it
     reached = next((t for t, _, acc in curve if acc >= target), None)
+    split = time_split(ctx, pol)
+    console.print("  astraflow per step (mean): " + ", ".join(
+        f"{k} {v:.2f}" for k, v in split.items()))
     return {"accuracy_v0": acc0, "target": target, "time_to_target_s": reached, "curve": curve,
             "accuracy_final": summary["accuracy_final"], "steps": summary["ledger"]["steps"],
-            "run_dir": str(ctx.run_dir), "evaluation": "live" if live_eval else "off the clock"}
+            "run_dir": str(ctx.run_dir), "evaluation": "live" if live_eval else "off the clock",
+            "split": split}
+
+
+def time_split(ctx, policy: str) -> dict[str, float]:
+    """Where a step's time went, from the run's metrics table: the trainer's step, its
+    wait and publish, the worker's generation, weight reloads and backpressure (means),
+    and the trainer's peak resident memory."""
+    rows = ctx.ledger().read_metrics(since=0).to_pylist()
+    out: dict[str, float] = {}
+    for comp, name in [("trainer", "step_time_s"), ("trainer", "trainer_wait_s"),
+                       ("trainer", "publish_s"), ("rollout", "gen_s"), ("rollout", "reload_s"),
+                       ("rollout", "backpressure_s")]:
+        vals = [r["value"] for r in rows if r["component"] == comp and r["policy"] == policy
+                and r["name"] == name]
+        if vals:
+            out[f"{comp}.{name}"] = sum(vals) / len(vals)
+    peaks = [r["value"] for r in rows if r["component"] == "trainer" and r["name"] == "peak_rss_mb"]
+    if peaks:
+        out["trainer.peak_rss_mb"] = max(peaks)
+    return out
 
 
 def main() -> None:

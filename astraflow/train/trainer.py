@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import math
+import resource
 import tempfile
 import time
 from collections.abc import Callable
@@ -338,6 +339,7 @@ class Trainer:
         self._write_progress()
         metrics["step_time_s"] = time.time() - t0
         metrics["weight_version"] = self.version
+        metrics.update(_peak_memory_mb(self.ranks.device))
         if self.main:
             self.ledger.log("trainer", self.policy, result.step, metrics)
         if self.step - self._checkpointed >= self.ctx.flow.trainer.checkpoint_every:
@@ -485,3 +487,12 @@ class Trainer:
         if self.main:
             self.mirror.stop(timeout=10.0)  # the newest version out to the replicas, if it can
         return self.step
+
+
+def _peak_memory_mb(device: torch.device) -> dict[str, float]:
+    """The process's peak resident memory so far (MiB; Linux reports ru_maxrss in KiB),
+    and on CUDA the peak the allocator handed out: what a user sizes machines by."""
+    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        out["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out
