@@ -96,7 +96,8 @@ def recovery_times(ctx: RunContext, kills: list[dict]) -> list[float | None]:
         if k["component"].startswith("trainer"):
             times = steps
         else:
-            times = sorted(by_worker.get("w" + k["component"].split("-")[1], []))
+            # components are named rollout-<worker id>; rows carry the worker id
+            times = sorted(by_worker.get(k["component"].removeprefix("rollout-"), []))
         nxt = next((t for t in times if t > k["time"]), None)
         out.append(None if nxt is None else nxt - k["time"])
     return out
