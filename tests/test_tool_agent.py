@@ -210,6 +210,27 @@ def test_finish_reasons_and_tool_errors_are_recorded():
         hang.set()
 
 
+def test_rewards_grade_each_distinct_answer_once_and_concurrently():
+    """A group's samples often agree; each (task, answer) is graded once, and grading
+    runs on the pool: two slow graders meet at a barrier neither passes alone."""
+    meet = threading.Barrier(2, timeout=30)
+    graded: list[tuple[str, str | None]] = []
+
+    class SlowGrader(EchoEnv):
+        def reward(self, task, answer):
+            graded.append((task.task_id, answer))
+            if answer == "slow":
+                meet.wait()  # raises BrokenBarrierError if the other never arrives
+            return super().reward(task, answer)
+
+    a, b = tasks("a", "b")
+    scores = agent(SlowGrader()).rewards(
+        [(a, "ok"), (a, "ok"), (b, "ok"), (a, "slow"), (b, "slow"), (a, None)])
+    assert scores == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    assert Counter(graded) == Counter([("a", "ok"), ("b", "ok"), ("a", "slow"), ("b", "slow"),
+                                       ("a", None)])
+
+
 def test_env_resolution_by_name_and_module_attr(tmp_path):
     assert resolve_env("search") is SearchEnv
     flow = parse_flow({"name": "e", "policies": [{"name": "p", "model": {"alphabet": "ascii"}}],

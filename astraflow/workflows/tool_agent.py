@@ -172,9 +172,23 @@ class ToolAgent(Workflow):
                                   stop=TURN_STOPS)
 
         eps = self.play(tasks, self.k, generate, mnt)
+        rewards = self.rewards([(e.task, e.answer) for e in eps])
         return [Part.from_segments("agent", e.task.task_id, e.group, e.prompt, e.segments,
-                                   self.env.reward(e.task, e.answer), e.finish or "answer",
-                                   e.extras()) for e in eps]
+                                   r, e.finish or "answer", e.extras())
+                for e, r in zip(eps, rewards, strict=True)]
+
+    def rewards(self, answered: Sequence[tuple[Task, str | None]]) -> list[float]:
+        """`env.reward` of each (task, answer), graded concurrently on the tool pool, each
+        distinct pair once. Grading can be as slow as a tool call (the code env runs the
+        hidden tests in a fresh sandbox, ~0.1 s each), and a group's samples often agree
+        on one answer, so a batch of 64 episodes graded one by one would cost seconds of
+        the worker's time; an env's `reward` must therefore be thread-safe, as its tools
+        already are. The same pair always gets the same score: grading is deterministic."""
+        keys = [(t.task_id, a) for t, a in answered]
+        first = {k: t for k, (t, _) in zip(keys, answered, strict=True)}
+        futures = {k: self._pool.submit(self.env.reward, t, k[1]) for k, t in first.items()}
+        scores = {k: f.result() for k, f in futures.items()}
+        return [scores[k] for k in keys]
 
     def play(self, tasks: list[Task], k: int, generate: GenerateFn, max_new_tokens: int
              ) -> list[Episode]:
@@ -333,8 +347,10 @@ class ToolAgent(Workflow):
             eps = self.play([it.data["task"] for it in chunk], 1, generate,
                             self.max_new_tokens(role))
             played.extend(eps)
-            right += sum(e.answer is not None and bool(it.check(e.answer))
-                         for it, e in zip(chunk, eps, strict=True))
+            # Checks grade like rewards do (a sandbox run each for code): concurrently.
+            checks = [self._pool.submit(it.check, e.answer)
+                      for it, e in zip(chunk, eps, strict=True) if e.answer is not None]
+            right += sum(bool(f.result()) for f in checks)
         self.last_episodes = played
         return right / max(len(items), 1)
 
