@@ -187,13 +187,16 @@ class CostAware(Policy):
         if not any(t.demand_rows_per_s for t in obs.trainers):
             # Before a trainer's first step its wait says nothing about its pace (it has
             # waited for everything): guessing would launch workers only to retire them.
-            if sum(obs.live.values()):
+            # Later, a window without a step is a starving trainer: `demand` infers its
+            # pace from the supply and the wait.
+            if not sum(obs.live.values()):
+                first = next((s for s in by_cost if self.can_grow(s)), by_cost[0])
+                return Plan({first.pool.name: self.bootstrap},
+                            f"no trainer demand measured and no worker: start "
+                            f"{self.bootstrap} in the cheapest pool {first.pool.name}")
+            if all(t.steps_done == 0 for t in obs.trainers):
                 return Plan(obs.live, "waiting for the trainers' first steps to measure "
                                       "their demand")
-            first = next((s for s in by_cost if self.can_grow(s)), by_cost[0])
-            return Plan({first.pool.name: self.bootstrap},
-                        f"no trainer demand measured yet: start {self.bootstrap} in the "
-                        f"cheapest pool {first.pool.name}")
         demand, how = self.demand(obs)
         coming = sum(s.starting * s.throughput for s in obs.pools)
         backlog = sum(t.backlog_rows for t in obs.trainers)

@@ -102,6 +102,14 @@ def test_cost_aware_holds_while_the_backlog_lasts_and_bootstraps():
     assert p.targets == {"spot-a": 2} and p.reason.startswith("hold"), p.reason
     p = pol.plan(_obs(wait=1.0))  # nothing measured, nothing running
     assert sum(p.targets.values()) == pol.bootstrap and p.targets["spot-a"] == pol.bootstrap
+    # Running, before the first step: the wait says nothing about the pace yet.
+    p = pol.plan(_obs(wait=1.0, live={"spot-a": 2}))
+    assert p.targets == {"od": 0, "spot-a": 2, "spot-b": 0}, p.reason
+    # Mid-run, a window without a step: starving; the pace is inferred from the wait.
+    obs = _obs(wait=0.8, live={"spot-a": 2})
+    obs = replace(obs, trainers=(replace(obs.trainers[0], steps_done=40),))
+    p = pol.plan(obs)
+    assert p.reason.startswith("grow") and sum(p.targets.values()) > 2, p.reason
 
 
 class Halve(Policy):
