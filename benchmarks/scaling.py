@@ -105,7 +105,7 @@ def matched_band(bands: list[SimRun], wait: float) -> tuple[SimRun, bool]:
     return min(bands, key=lambda r: r.trainer_wait_fraction), False
 
 
-def run_case(case: Case, steps: int, out: Path) -> dict:
+def run_case(case: Case, steps: int, out: Path, params: dict) -> dict:
     """Every policy on one scenario; prints its block and returns its figures."""
     scn, od_name = case.scenario, case.od_pool
     od = next(p for p in scn.pools if p.name == od_name)
@@ -117,7 +117,7 @@ def run_case(case: Case, steps: int, out: Path) -> dict:
               for m in (need - 2, need - 1) for h in BANDS_FLOORED]
     fixed = simulate(scn, Fixed(need, od_name), "fixed-od")
     cost_d = simulate(scn, CostAware(gpu_ref="none"), "cost-dollars")
-    cost = simulate(scn, CostAware(), "cost")
+    cost = simulate(scn, CostAware(**params), "cost")
     dead, reached = matched_band(bands, cost.trainer_wait_fraction)
     floor = spot_floor(scn.pools)
     r_cost = ratio(cost.rollout_cost, fixed.rollout_cost)
@@ -164,21 +164,34 @@ def run_case(case: Case, steps: int, out: Path) -> dict:
         "band_wait": dead.trainer_wait_fraction, "traces": list(case.mapping), "png": str(png)}
 
 
+def _value(v: str) -> float | str:
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=DATA, help="../shared/data")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "scaling")
     ap.add_argument("--steps", type=int, default=1500, help="trainer steps every policy runs")
     ap.add_argument("--only", default=None, help="run the scenarios whose name contains this")
+    ap.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                    help="a CostAware parameter for the `cost` run (default: its defaults), "
+                         "e.g. --param max_pool_share=0.333")
     ns = ap.parse_args(argv)
     if not (ns.data / "gpu_prices.csv").exists():
         print(f"no {ns.data}/gpu_prices.csv: pass --data", file=sys.stderr)
         return 2
     ns.out.mkdir(parents=True, exist_ok=True)
+    params = {k: _value(v) for k, _, v in (p.partition("=") for p in ns.param)}
     todo, trainer_price = cases(ns.data, ns.steps, ns.only)
+    if params:
+        print(f"cost runs with {params} (not its defaults)")
     print(f"trainer: 8 x A100 on demand ${trainer_price:.2f}/h, the same under every policy "
           f"(not in the rollout $ below)")
-    results = {c.name: run_case(c, ns.steps, ns.out) for c in todo}
+    results = {c.name: run_case(c, ns.steps, ns.out, params) for c in todo}
     if any("gcp" in c.name and "aws" not in c.name for c in todo):
         print("\nis 0.6x reachable on GCP alone? by the catalog:")
         for line in gcp_floor(load_catalog(ns.data)):

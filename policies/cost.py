@@ -17,8 +17,9 @@ Three rules, each with the reason it exists:
     Workers still starting are not counted when shrinking: a replacement comes first.
   * Where to: a spot pool that just preempted workers or refused a launch is not grown,
     so new workers go to the next region or accelerator; no spot pool supplies more
-    than `max_pool_share` of the demand (a hedge: losing one pool leaves the trainers
-    fed while replacements start); running workers move to a cheaper pool when the
+    than `max_pool_share` of the demand, a third by default (a hedge: losing any one
+    pool leaves two thirds of the demand supplied while replacements start, and fewer
+    workers to relaunch); running workers move to a cheaper pool when the
     saving over the rest of the run pays for the new one's cold start; on-demand fills
     what spot cannot and is the floor when the deadline is at risk.
 """
@@ -54,7 +55,8 @@ class CostAware(Policy):
     def __init__(self, headroom: float = 0.0, drain_s: float = 600.0, backlog_target: float = 0.5,
                  ondemand_floor: float = 0.0, backlog_high: float = 0.75, bootstrap: int = 2,
                  preemption_loss_s: float | None = None, deadline_margin: float = 0.9,
-                 gpu_ref: str = "ondemand", gpu_slack: float = 0.0, max_pool_share: float = 0.5):
+                 gpu_ref: str = "ondemand", gpu_slack: float = 0.0,
+                 max_pool_share: float = 1 / 3):
         if gpu_ref not in self.GPU_REFS:
             raise ValueError(f"cost: gpu_ref must be one of {', '.join(self.GPU_REFS)}, "
                              f"got {gpu_ref!r}")

@@ -80,8 +80,8 @@ def test_cost_aware_prefers_spot_and_moves_when_preempted():
 
 
 def test_cost_aware_hedges_across_spot_pools():
-    """By default no spot pool supplies more than half the demand: losing one pool leaves
-    the trainer at least half fed while replacements start."""
+    """By default no spot pool supplies more than a third of the demand: losing one pool
+    leaves the trainer two thirds fed while replacements start."""
     p = CostAware(drain_s=1e9).plan(_obs(demand=16.0))
     assert p.targets == {"od": 0, "spot-a": 2, "spot-b": 2}, p.reason
     p = CostAware(drain_s=1e9, max_pool_share=1.0).plan(_obs(demand=16.0))
@@ -293,8 +293,8 @@ def test_simulated_fleet_is_what_the_trainer_consumes_without_flapping():
     work = Workload(batch_rows=64, batches_per_step=2, train_s=10.0, max_backlog_batches=32,
                     steps=600)  # 12.8 rows/s, 100 minutes; up to 2048 rows (160 s) queued
     pools = (Pool("od", price_per_hour=2.0, rows_per_s=3.0, cold_start_s=60),
-             Pool("spot-a", spot=True, price_per_hour=0.6, rows_per_s=3.0, cold_start_s=60),
-             Pool("spot-b", spot=True, price_per_hour=0.7, rows_per_s=3.0, cold_start_s=60))
+             *(Pool(f"spot-{c}", spot=True, price_per_hour=p, rows_per_s=3.0, cold_start_s=60)
+               for c, p in (("a", 0.6), ("b", 0.7), ("c", 0.8))))
     scn = Scenario("fractional need", work, pools, interval_s=30.0, window_s=120.0)
     run = simulate(scn, CostAware(), "cost")
     assert run.finished and run.trainer_wait_fraction < 0.05, run.trainer_wait_fraction
