@@ -95,6 +95,7 @@ class Observation:
     trainers: tuple[TrainerState, ...]
     pools: tuple[PoolState, ...]
     deadline_s: float | None = None  # seconds from `time` by which training must end
+    interval_s: float = 60.0  # until the policy is asked again (what it waits before acting)
 
     def pool(self, name: str) -> PoolState:
         for p in self.pools:

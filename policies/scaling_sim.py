@@ -115,6 +115,7 @@ class SimRun:
     launch_failures: int
     rows_lost: int  # in batches cut off by preemption
     worker_hours: dict[str, float]  # per pool
+    gpu_hours_use: dict[str, float]  # rollout GPU-hours by use: rows, cold, blocked, lost
     timeline: list[dict]  # per control tick: t, live per pool, cost, wait, backlog
     decisions: list[Decision]
 
@@ -260,7 +261,7 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
                           else None,
                           steps_done=st["steps"], steps_target=w.steps)
         left = None if w.deadline_s is None else w.deadline_s - now
-        return Observation(now, (tr,), tuple(states), left)
+        return Observation(now, (tr,), tuple(states), left, scn.interval_s)
 
     def controller() -> Generator[float | _Wait, None, None]:
         while not finished():
@@ -291,6 +292,14 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
         if k.ended is None:
             end(k, t_end)
     run_s = t_end - (st["first"] or t_end)
+    use = dict.fromkeys(("rows", "cold", "blocked", "lost"), 0.0)
+    for k in workers:  # where each billed GPU-hour went (lost: batches cut off, the tail)
+        g, ready = k.pool.gpus / 3600, k.productive if k.productive is not None else k.ended
+        rows_s = k.rows / k.pool.rows_per_s
+        use["cold"] += (ready - k.launched) * g
+        use["rows"] += rows_s * g
+        use["blocked"] += k.blocked_s * g
+        use["lost"] += max((k.ended - ready) - rows_s - k.blocked_s, 0.0) * g
     hours = {p: sum((k.ended - k.launched) for k in workers if k.pool.name == p) / 3600
              for p in pools}
     return SimRun(
@@ -303,7 +312,7 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
         staleness_mean=sum(stale) / len(stale) if stale else 0.0,
         preemptions=sum(k.preempted for k in workers),
         launch_failures=sum(len(v) for v in fail_t.values()),
-        rows_lost=lost[0], worker_hours=hours, timeline=timeline, decisions=decisions)
+        rows_lost=lost[0], worker_hours=hours, gpu_hours_use=use, timeline=timeline, decisions=decisions)
 
 
 def format_runs(runs: list[SimRun]) -> str:

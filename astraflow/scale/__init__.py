@@ -104,7 +104,7 @@ class Autoscaler:
         left = None
         if self.ctx.flow.stop.max_minutes:
             left = self.started + self.ctx.flow.stop.max_minutes * 60 - now
-        return Observation(now - self.started, trainers, tuple(states), left)
+        return Observation(now - self.started, trainers, tuple(states), left, self.interval_s)
 
     # -- act -------------------------------------------------------------------------
     def tick(self) -> Decision:

@@ -1,0 +1,291 @@
+"""The cost-aware scaling policy: fewest dollars per useful row that keeps every trainer fed.
+
+Three rules, each with the reason it exists:
+
+  * Which pools: price per useful row (rows/s net of the cold starts and lost batches
+    its recent preemptions cost), cheapest first, but only in pools whose rows take no
+    more GPU-hours than the on-demand pool's that is cheapest per row (`gpu_ref`). A
+    cheap slow accelerator (a spot L4 at 0.3 of an A100's rows/s) saves dollars by
+    spending GPU-hours; spot is meant to replace on-demand at a discount, not to buy
+    the same rows with more GPUs. `gpu_ref="none"` minimises dollars alone.
+  * How many: what the trainers consume, decided on the backlog they have queued. Grow
+    when the backlog would run dry before a worker launched now could give rows (cold
+    start + one interval); shrink productive workers the demand does not need, and one
+    more once the backlog nears its bound (it would only block). Between the two the
+    backlog absorbs a supply a fraction of a worker off the demand, so the fleet does
+    not launch and retire a worker every few intervals (each launch bills a cold start).
+    Workers still starting are not counted when shrinking: a replacement comes first.
+  * Where to: a spot pool that just preempted workers or refused a launch is not grown,
+    so new workers go to the next region or accelerator; no spot pool supplies more
+    than `max_pool_share` of the demand, a third by default (a hedge: losing any one
+    pool leaves two thirds of the demand supplied while replacements start, and fewer
+    workers to relaunch); running workers move to a cheaper pool when the
+    saving over the rest of the run pays for the new one's cold start; on-demand fills
+    what spot cannot and is the floor when the deadline is at risk.
+"""
+
+from __future__ import annotations
+
+import math
+
+from astraflow.policies.api import Observation, Plan, Policy, PoolState
+
+
+class CostAware(Policy):
+    """Fewest dollars per useful row that keeps every trainer fed (see the module docstring).
+
+    headroom          extra share of the measured demand to supply (0: exactly it)
+    drain_s           a backlog below `backlog_target` is refilled over this many seconds
+    backlog_target    share of the backpressure bound a growing fleet refills to
+    backlog_high      share of the bound past which one worker below the demand is enough
+    ondemand_floor    share of the demand always supplied on demand (0.5 when the
+                      deadline is at risk: `deadline_margin` of it would be used)
+    bootstrap         workers started before any demand is measured
+    preemption_loss_s seconds a preemption costs (default: the pool's cold start + 60 s)
+    gpu_ref           whose GPU-hours per row bound the pools used: "ondemand" (the
+                      on-demand pool cheapest per row), "fewest" (the fastest pool per
+                      GPU) or "none" (dollars alone)
+    gpu_slack         the bound is (1 + gpu_slack) x the reference's
+    max_pool_share    most of the demand one spot pool may supply
+    """
+
+    name = "cost"
+    GPU_REFS = ("ondemand", "fewest", "none")
+
+    def __init__(self, headroom: float = 0.0, drain_s: float = 600.0, backlog_target: float = 0.5,
+                 ondemand_floor: float = 0.0, backlog_high: float = 0.75, bootstrap: int = 2,
+                 preemption_loss_s: float | None = None, deadline_margin: float = 0.9,
+                 gpu_ref: str = "ondemand", gpu_slack: float = 0.0,
+                 max_pool_share: float = 1 / 3):
+        if gpu_ref not in self.GPU_REFS:
+            raise ValueError(f"cost: gpu_ref must be one of {', '.join(self.GPU_REFS)}, "
+                             f"got {gpu_ref!r}")
+        if not gpu_slack >= 0:
+            raise ValueError(f"cost: gpu_slack must be >= 0, got {gpu_slack!r}")
+        self.headroom, self.drain_s, self.backlog_target = headroom, drain_s, backlog_target
+        self.ondemand_floor, self.backlog_high, self.bootstrap = ondemand_floor, backlog_high, bootstrap
+        self.preemption_loss_s, self.deadline_margin = preemption_loss_s, deadline_margin
+        if not 0 < max_pool_share <= 1:
+            raise ValueError(f"cost: max_pool_share must be in (0, 1], got {max_pool_share!r}")
+        self.gpu_ref, self.gpu_slack, self.max_pool_share = gpu_ref, gpu_slack, max_pool_share
+
+    # -- what a row costs in each pool --------------------------------------------
+    def productive_share(self, s: PoolState) -> float:
+        """Share of a worker's billed time that yields rows, net of the cold starts and
+        lost batches its pool's recent preemptions cost."""
+        if s.preemptions_1h == 0:
+            return 1.0
+        per_worker_h = s.preemptions_1h / max(s.live, 1)
+        loss = self.preemption_loss_s if self.preemption_loss_s is not None \
+            else s.pool.cold_start_s + 60.0
+        return max(0.05, 1.0 - per_worker_h * loss / 3600.0)
+
+    def useful_rows_per_s(self, s: PoolState) -> float:
+        return s.throughput * self.productive_share(s)
+
+    def dollars_per_row(self, s: PoolState) -> float:
+        return s.pool.price_per_hour / (3600.0 * self.useful_rows_per_s(s))
+
+    @staticmethod
+    def gpu_hours_per_row(s: PoolState) -> float:
+        """GPU-hours a row takes in this pool's accelerator (its speed, not its luck:
+        preemption losses are priced in dollars per row and move work elsewhere)."""
+        return s.pool.gpus / (3600.0 * s.throughput)
+
+    def gpu_budget(self, obs: Observation) -> tuple[float, str]:
+        """The most GPU-hours per row a pool may take, and the pool that sets it."""
+        usable = [s for s in obs.pools if s.pool.max_workers > 0]
+        od = [s for s in usable if not s.pool.spot]
+        if self.gpu_ref == "none" or not usable:
+            return math.inf, ""
+        if self.gpu_ref == "ondemand" and od:
+            ref = min(od, key=lambda s: s.pool.price_per_hour / s.throughput)
+        else:  # "fewest", or no on-demand pool to compare with: the fastest per GPU
+            ref = min(usable, key=self.gpu_hours_per_row)
+        return self.gpu_hours_per_row(ref) * (1.0 + self.gpu_slack), ref.pool.name
+
+    def eligible(self, obs: Observation) -> list[PoolState]:
+        """The pools whose rows take no more GPU-hours than the budget allows."""
+        budget, _ = self.gpu_budget(obs)
+        return [s for s in obs.pools if self.gpu_hours_per_row(s) <= budget * (1 + 1e-9)]
+
+    def can_grow(self, s: PoolState) -> bool:
+        """A spot pool that preempted workers or refused a launch in the last hour is
+        short of capacity: keep what it has, grow elsewhere."""
+        return not (s.pool.spot and (s.preemptions_1h or s.launch_failures_1h))
+
+    # -- the plan -----------------------------------------------------------------
+    @staticmethod
+    def supply(obs: Observation) -> float:
+        """Rows/s the productive workers give now."""
+        return sum((s.live - s.starting) * s.throughput for s in obs.pools)
+
+    def demand(self, obs: Observation) -> tuple[float, str]:
+        """Rows/s the trainers consume when never waiting (plus `headroom`), and how it
+        was worked out. Not measured yet: inferred from the supply and the wait."""
+        supply = self.supply(obs)
+        total, how = 0.0, []
+        for t in obs.trainers:
+            if t.demand_rows_per_s:
+                d, src = t.demand_rows_per_s, "measured"
+            else:  # a trainer waiting a share w of the time would eat supply / (1 - w)
+                d, src = supply / max(1.0 - t.wait_fraction, 0.2) / max(len(obs.trainers), 1), \
+                    "from supply and wait"
+            d *= 1.0 + self.headroom
+            total += d
+            how.append(f"{t.policy} {d:.2f} rows/s ({src})")
+        return total, "; ".join(how)
+
+    def deadline_at_risk(self, obs: Observation, want: float) -> bool:
+        """Even supplying `want` rows/s from now on would finish too close to the deadline."""
+        if obs.deadline_s is None or want <= 0 or not all(t.demand_rows_per_s
+                                                          for t in obs.trainers):
+            return False  # judged on measured demand only
+        need = sum((t.steps_target - t.steps_done) * t.batch_rows for t in obs.trainers
+                   if t.steps_target is not None)
+        return need / want > obs.deadline_s * self.deadline_margin
+
+    @staticmethod
+    def remaining_s(obs: Observation, demand: float) -> float:
+        """Seconds of rollout the run still needs at `demand` (inf: no step target)."""
+        if demand <= 0 or any(t.steps_target is None for t in obs.trainers):
+            return math.inf
+        rows = sum((t.steps_target - t.steps_done) * t.batch_rows for t in obs.trainers)
+        return max(rows, 0) / demand
+
+    def move_pays(self, s: PoolState, c: PoolState, rest: float) -> bool:
+        """Replacing `s`'s workers by `c`'s saves more over `rest` seconds than the move
+        costs: `c`'s cold start, during which the old worker runs on too."""
+        saving = s.throughput * (self.dollars_per_row(s) - self.dollars_per_row(c))  # $/s
+        if saving <= 0:
+            return False
+        n = s.throughput / self.useful_rows_per_s(c)  # c's workers per worker of s
+        cost = c.pool.cold_start_s * (n * c.pool.price_per_hour + s.pool.price_per_hour) / 3600
+        return saving * max(rest - c.pool.cold_start_s, 0.0) > cost
+
+    def plan(self, obs: Observation) -> Plan:
+        """Grow, shrink, move or hold, decided on the backlog the trainers have queued:
+
+            grow    when the backlog, at the present supply (starting workers counted),
+                    would fall under one trainer step before a worker launched now could
+                    give rows (its pool's cold start + one interval): add the rows/s
+                    missing plus a refill of the backlog to `backlog_target`, cheapest
+                    useful row first;
+            shrink  productive workers the trainers do not need: while the others still
+                    cover the demand, and one more once the backlog passes `backlog_high`
+                    of the bound (it would only block), dearest row first. Workers still
+                    starting are never counted, so a replacement comes before a retirement;
+            move    on-demand workers (or ones in pools over the GPU-hour budget) to a
+                    cheaper spot pool that can take them: launch the spot ones now, and
+                    the shrink rule retires the dear ones once those give rows;
+            hold    otherwise: the backlog absorbs a supply a fraction of a worker off the
+                    demand, so a fleet never flips a worker in and out every interval.
+        """
+        pools = self.eligible(obs)
+        if not pools:
+            raise ValueError("cost: the observation has no pools to plan for")
+        by_cost = sorted(pools, key=self.dollars_per_row)
+        supply, starting = self.supply(obs), sum(s.starting for s in obs.pools)
+        if not any(t.demand_rows_per_s for t in obs.trainers):
+            # Before a trainer's first step its wait says nothing about its pace (it has
+            # waited for everything): guessing would launch workers only to retire them.
+            # Later, a window without a step is a starving trainer: `demand` infers its
+            # pace from the supply and the wait.
+            if not sum(obs.live.values()):
+                first = next((s for s in by_cost if self.can_grow(s)), by_cost[0])
+                return Plan({first.pool.name: self.bootstrap},
+                            f"no trainer demand measured and no worker: start "
+                            f"{self.bootstrap} in the cheapest pool {first.pool.name}")
+            if all(t.steps_done == 0 for t in obs.trainers):
+                return Plan(obs.live, "waiting for the trainers' first steps to measure "
+                                      "their demand")
+        demand, how = self.demand(obs)
+        coming = sum(s.starting * s.throughput for s in obs.pools)
+        backlog = sum(t.backlog_rows for t in obs.trainers)
+        bound = sum(t.max_backlog_rows for t in obs.trainers)
+        low = sum(t.batch_rows for t in obs.trainers)  # one step: less and a trainer waits
+        targets = dict(obs.live)
+        ok = {s.pool.name for s in pools}
+        used: list[str] = []
+        budget, ref = self.gpu_budget(obs)
+        head = f"need {demand:.2f} rows/s ({how}); have {supply:.2f}" + \
+            (f" + {coming:.2f} starting" if coming else "") + f"; backlog {backlog} rows" + \
+            (f"; pools at most {budget * 3.6e9:.0f} GPU-h/M rows ({ref}'s"
+             + (f" x {1 + self.gpu_slack:g}" if self.gpu_slack else "") + ")" if ref else "")
+
+        def room(s: PoolState) -> int:
+            if not self.can_grow(s):
+                return 0
+            cap = s.pool.max_workers
+            if s.pool.spot:  # the hedge: no one spot pool supplies more than its share
+                cap = min(cap, max(1, math.ceil(self.max_pool_share * demand / s.throughput
+                                                - 1e-9)))
+            return max(cap - targets[s.pool.name], 0)
+
+        def add(rows: float, among: list[PoolState]) -> float:
+            for s in among:
+                if rows <= 1e-6:
+                    break
+                per = self.useful_rows_per_s(s)
+                n = min(room(s), math.ceil(rows / per - 1e-9))
+                if n > 0:
+                    targets[s.pool.name] += n
+                    rows -= n * per
+                    used.append(f"+{n} {s.pool.name} (${self.dollars_per_row(s) * 1e6:.1f}/M rows)")
+            return rows
+
+        # The deadline: on-demand is the floor that protects it.
+        if self.deadline_at_risk(obs, demand) or self.ondemand_floor:
+            share = max(self.ondemand_floor, 0.5 if self.deadline_at_risk(obs, demand) else 0.0)
+            od = [s for s in by_cost if not s.pool.spot]
+            have = sum(targets[s.pool.name] * s.throughput for s in od)
+            if od and have < share * demand:
+                add(share * demand - have, od)
+                head += f"; on-demand floor {share:.0%} (deadline at risk)" \
+                    if share > self.ondemand_floor else f"; on-demand floor {share:.0%}"
+        lead = obs.interval_s + min((s.pool.cold_start_s for s in by_cost if room(s) > 0),
+                                    default=0.0)
+        drift = supply + coming - demand
+        refill = max(self.backlog_target * bound - backlog, 0.0) / self.drain_s
+        if backlog + drift * lead < 0 or (backlog < low and drift <= 0 and obs.wait_fraction):
+            short = add(-drift + refill, by_cost)
+            return Plan(targets, f"grow: {head}; it would run dry within {lead:.0f} s; "
+                                 f"cheapest first: {', '.join(used) or 'none'}"
+                        + (f"; {short:.2f} rows/s short (every pool at its cap)"
+                           if short > 1e-6 else ""))
+        # Shrink: dearest rows first (pools over the budget dearest of all).
+        dear = sorted((s for s in obs.pools if s.live > s.starting),
+                      key=lambda s: (s.pool.name in ok, -self.dollars_per_row(s)))
+        full = bound and backlog >= self.backlog_high * bound
+        left = supply
+        for s in dear:
+            n = 0
+            while n < s.live - s.starting:
+                if left - s.throughput >= demand + refill:
+                    pass
+                elif full and left > demand:
+                    full = False  # one below the demand: the backlog covers it
+                else:
+                    break
+                n, left = n + 1, left - s.throughput
+            if n:
+                targets[s.pool.name] -= n
+                used.append(f"-{n} {s.pool.name} (${self.dollars_per_row(s) * 1e6:.1f}/M rows)")
+        if used:
+            return Plan(targets, f"shrink: {head}" + (f" (>= {self.backlog_high:.0%} of "
+                                                      f"{bound})" if left < demand else "")
+                        + f"; dearest first: {', '.join(used)}")
+        # Move: workers to a cheaper pool with room, where the saving over the rest of the
+        # run pays for the move (both workers billed through the new one's cold start).
+        if not starting:
+            rest = self.remaining_s(obs, demand)
+            for s in sorted(obs.pools, key=lambda s: -self.dollars_per_row(s)):
+                if s.live - s.starting <= 0:
+                    continue
+                add((s.live - s.starting) * s.throughput,
+                    [c for c in by_cost if c is not s and room(c) > 0
+                     and self.move_pays(s, c, rest)])
+            if used:
+                return Plan(targets, f"move: {head}; the replacements first, the dear "
+                                     f"workers retire once they give rows: {', '.join(used)}")
+        return Plan(targets, f"hold: {head}; it lasts past {lead:.0f} s and no worker is spare")
