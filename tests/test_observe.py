@@ -12,6 +12,7 @@ import shutil
 from collections import Counter
 from datetime import UTC, datetime
 
+import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
@@ -171,6 +172,50 @@ def test_view_reads_each_table_once_per_refresh_and_only_new_commits(local_run, 
     assert sum(len(s.values) for s in view.series.values()) == n + 1  # only the new row
     assert view.get("trainer", "solver", "reward_mean").values[-1] == 0.9
     assert len(view.rows["solver"].times) == 8
+
+
+def test_cursor_reads_only_fragments_written_since_even_across_compaction(tmp_path,
+                                                                       monkeypatch):
+    schema = pa.schema([("i", pa.int64())])
+    table = _lance.open_or_create(_lance.connect(tmp_path / "db"), "t", schema)
+
+    def add(*xs: int) -> None:
+        for x in xs:  # one commit, one fragment each
+            _lance.append(table, pa.table({"i": [x]}, schema=schema), where="test")
+
+    scanned: list[int] = []  # fragments handed to each scan
+    real = _lance.latest_dataset
+
+    class Spy:
+        def __init__(self, ds):
+            self.ds = ds
+
+        def __getattr__(self, name):
+            return getattr(self.ds, name)
+
+        def scanner(self, **kw):
+            scanned.append(len(kw["fragments"]))
+            return self.ds.scanner(**kw)
+
+    monkeypatch.setattr(_lance, "latest_dataset", lambda t: Spy(real(t)))
+    add(0, 1, 2, 3, 4)
+    cur, rows = _lance.read_after(table, _lance.Cursor(), ["i"])
+    assert rows["i"].to_pylist() == [0, 1, 2, 3, 4] and scanned == [5]
+    assert _lance.read_after(table, cur, ["i"]) == (cur, None) and scanned == [5]
+    add(5, 6)
+    cur, rows = _lance.read_after(table, cur, ["i"])
+    assert sorted(rows["i"].to_pylist()) == [5, 6] and scanned[-1] == 2  # not the 5 old ones
+    # Compaction rewrites old rows into a fragment with a new, higher id: the next read
+    # scans it, but its rows keep their creating versions and are filtered out.
+    _lance.maintain(table)
+    assert len(real(table).get_fragments()) < 7
+    add(7)
+    cur, rows = _lance.read_after(table, cur, ["i"])
+    assert rows["i"].to_pylist() == [7]
+    add(8)
+    cur, rows = _lance.read_after(table, cur, ["i"])
+    assert rows["i"].to_pylist() == [8] and scanned[-1] == 1  # back to the new one alone
+    assert cur.version == int(real(table).version)
 
 
 def test_dashboard_state_reads_once_per_refresh_for_any_number_of_pages(local_run, monkeypatch):

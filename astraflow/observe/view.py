@@ -4,7 +4,9 @@ Why incremental: status --watch, the dashboard and the metric follower poll a
 live run. Re-reading whole tables every refresh would cost the store (and the
 trainer sharing its disk or bucket) more as the run grows. Each refresh reads
 every table at most once, and only the commits after the last one it saw
-(rows carry the table version that created them, `_row_created_at_version`).
+(rows carry the table version that created them, `_row_created_at_version`), from
+the fragments written since (`stores._lance.Cursor`): a refresh late in a long run
+costs what one early in it does.
 `reads` counts those reads per table so tests can hold us to it.
 """
 
@@ -39,22 +41,14 @@ def pool_of(worker: str, region: str) -> str:
     return m.group(1) if m else (region or "local")
 
 
-def metrics_after(ledger: Ledger, after: int) -> tuple[int, pa.Table | None]:
-    """The metrics table's rows committed after table version `after`, with their commit
-    version: (newest version, rows), or (newest version, None) when nothing is new. One
-    read; the dashboard's view and the metric sinks both follow the table this way."""
-    table = ledger.metrics
-
-    def read() -> tuple[int, pa.Table | None]:
-        ds = _lance.latest_dataset(table)
-        top = int(ds.version)
-        if top <= after:
-            return top, None
-        return top, ds.to_table(filter=f"{_lance.CREATED_AT_VERSION} > {after} AND "
-                                       f"{_lance.CREATED_AT_VERSION} <= {top}",
-                                columns=[*METRICS_SCHEMA.names, _lance.CREATED_AT_VERSION])
-
-    return ledger._read(read, "reading metrics")
+def metrics_after(ledger: Ledger, after: _lance.Cursor
+                  ) -> tuple[_lance.Cursor, pa.Table | None]:
+    """The metrics table's rows committed after `after`, with their commit version: (new
+    cursor, rows), or (new cursor, None) when nothing is new. One read, of the fragments
+    written since `after` only; the dashboard's view and the metric sinks both follow
+    the table this way."""
+    return ledger._read(lambda: _lance.read_after(ledger.metrics, after, METRICS_SCHEMA.names),
+                        "reading metrics")
 
 
 @dataclass
@@ -106,8 +100,8 @@ class RunView:
         self.progress: dict[str, Progress | None] = {}
         self.versions: dict[str, list[int]] = {}
         self.components: dict[str, dict[str, Any]] | None = None
-        self._metrics_v = 0
-        self._traj_v = dict.fromkeys(self.policies, 0)
+        self._metrics_at = _lance.Cursor()
+        self._traj_at = dict.fromkeys(self.policies, _lance.Cursor())
         #: pool -> time bin -> workers with rows in it, kept as rows arrive (BIN_S wide)
         self._bins: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
 
@@ -128,8 +122,7 @@ class RunView:
 
     def _read_metrics(self) -> None:
         self.reads["metrics"] += 1
-        top, new = metrics_after(self._ledger, self._metrics_v)
-        self._metrics_v = top
+        self._metrics_at, new = metrics_after(self._ledger, self._metrics_at)
         if new is None:
             return
         for r in sorted_rows(new):
@@ -139,20 +132,10 @@ class RunView:
             s.values.append(float(r["value"]))
 
     def _read_rows(self, policy: str) -> None:
-        table, after = self._traj.table(policy), self._traj_v[policy]
-
-        def read() -> tuple[int, pa.Table | None]:
-            ds = _lance.latest_dataset(table)
-            top = int(ds.version)
-            if top <= after:
-                return top, None
-            return top, ds.to_table(columns=[*EPISODE, _lance.CREATED_AT_VERSION],
-                                    filter=f"{_lance.CREATED_AT_VERSION} > {after} AND "
-                                           f"{_lance.CREATED_AT_VERSION} <= {top}")
-
+        table = self._traj.table(policy)
         self.reads[f"traj_{policy}"] += 1
-        top, new = self._traj._read(policy, read, "read")
-        self._traj_v[policy] = top
+        self._traj_at[policy], new = self._traj._read(
+            policy, lambda: _lance.read_after(table, self._traj_at[policy], EPISODE), "read")
         if new is None or new.num_rows == 0:
             return
         new = new.sort_by([(_lance.CREATED_AT_VERSION, "ascending")])
