@@ -235,11 +235,21 @@ def test_dashboard_state_reads_once_per_refresh_for_any_number_of_pages(local_ru
     assert "/static/plotly.min.js" in page and "http" not in page.split("<body")[0].replace(
         'charset="utf-8"', "")  # nothing from a CDN
     assert client.get("/static/plotly.min.js").status_code == 200
+    seq = body["seq"]
+    # A page holding the newest state gets a few bytes, with or without a store read.
+    assert client.get(f"/api/state?since={seq}").json()["unchanged"] is True
     state.refresh_s = 0
-    client.get("/api/state")
-    assert counts == Counter({"metrics": 2, "traj_solver": 2})
+    assert client.get(f"/api/state?since={seq}").json() == {
+        "seq": seq, "unchanged": True, "refreshed_at": state.view.refreshed_at}
+    assert counts == Counter({"metrics": 2, "traj_solver": 2})  # read, found nothing new
+    local_run.ledger().log("trainer", "solver", 6, {"reward_mean": 0.75})
+    body = client.get(f"/api/state?since={seq}").json()
+    assert body["seq"] == seq + 1 and body["policies"]["solver"]["reward"]["y"][-1] == 0.75
+    assert client.get(f"/api/state?since={seq - 1}").json()["seq"] == seq + 1  # a stale page
+    assert counts == Counter({"metrics": 4, "traj_solver": 4})
     state.run_audit()
     assert state.audit["verdict"] == "OK"
+    assert client.get(f"/api/state?since={seq + 1}").json()["audit"]["verdict"] == "OK"
 
 
 class Recorder:

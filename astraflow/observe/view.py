@@ -161,6 +161,10 @@ class RunView:
             pass
 
     # -- derived ---------------------------------------------------------------
+    def cursors(self) -> tuple[_lance.Cursor, ...]:
+        """Where each table was read up to: unchanged cursors, no new rows."""
+        return (self._metrics_at, *self._traj_at.values())
+
     def get(self, component: str, policy: str, name: str) -> Series:
         return self.series.get((component, policy, name)) or Series()
 
