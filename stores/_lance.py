@@ -127,25 +127,40 @@ class Cursor:
     fragment: int = -1
 
 
-def read_after(table: Any, cursor: Cursor, columns: list[str]
-               ) -> tuple[Cursor, pa.Table | None]:
+def read_after(table: Any, cursor: Cursor, columns: list[str], *,
+               tail: tuple[list[str], int] | None = None) -> tuple[Cursor, pa.Table | None]:
     """The rows committed to `table` after `cursor`, with their creating version in
     `CREATED_AT_VERSION`: (the new cursor, rows), or (new cursor, None) when no row is
-    new. One read of the table, touching only its fragments written since the cursor
-    (call inside `retry.call`)."""
+    new. One read of the table, touching only its fragments written since the cursor,
+    each once (call inside `retry.call`).
+
+    `tail=(more, n)`: the newest fragments, as many as hold `n` rows, are read with the
+    columns `more` as well (null in the other rows). Why: a follower that shows the
+    newest few rows in full (token lists) need not read every new row's tokens.
+    """
     ds = latest_dataset(table)
     top = int(ds.version)
     if top <= cursor.version:
         return cursor, None
-    frags = [f for f in ds.get_fragments() if f.fragment_id > cursor.fragment]
-    high = max((f.fragment_id for f in frags), default=cursor.fragment)
-    cols = list(dict.fromkeys([*columns, CREATED_AT_VERSION]))
+    frags = sorted((f for f in ds.get_fragments() if f.fragment_id > cursor.fragment),
+                   key=lambda f: f.fragment_id)
     if not frags:  # commits that wrote no rows (a delete, a cleanup); `fragments=[]`
-        return Cursor(top, high), None  # would mean every fragment to the scanner
-    rows = ds.scanner(columns=cols, fragments=frags,
-                      filter=f"{CREATED_AT_VERSION} > {cursor.version} AND "
-                             f"{CREATED_AT_VERSION} <= {top}").to_table()
-    return Cursor(top, high), rows
+        return Cursor(top, cursor.fragment), None  # would mean every fragment to a scanner
+    new = Cursor(top, frags[-1].fragment_id)
+    cols = list(dict.fromkeys([*columns, CREATED_AT_VERSION]))
+    flt = f"{CREATED_AT_VERSION} > {cursor.version} AND {CREATED_AT_VERSION} <= {top}"
+    if tail is None:
+        return new, ds.scanner(columns=cols, fragments=frags, filter=flt).to_table()
+    more, n = tail
+    k, held = 0, 0
+    while k < len(frags) and held < n:
+        k += 1
+        held += frags[-k].count_rows()
+    parts = [ds.scanner(columns=list(dict.fromkeys([*cols, *more])), fragments=frags[-k:],
+                        filter=flt).to_table()]
+    if k < len(frags):
+        parts.insert(0, ds.scanner(columns=cols, fragments=frags[:-k], filter=flt).to_table())
+    return new, pa.concat_tables(parts, promote_options="default")
 
 
 def maintain(table: Any, retain: timedelta = timedelta(minutes=10)) -> None:

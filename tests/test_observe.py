@@ -172,6 +172,12 @@ def test_view_reads_each_table_once_per_refresh_and_only_new_commits(local_run, 
     assert sum(len(s.values) for s in view.series.values()) == n + 1  # only the new row
     assert view.get("trainer", "solver", "reward_mean").values[-1] == 0.9
     assert len(view.rows["solver"].times) == 8
+    # The newest episodes (in full) come from the newest commit; every row counts.
+    view = RunView(local_run, episodes=3).refresh()
+    assert [r["worker"] for r in view.rows["solver"].newest] == ["w1"] * 3
+    assert view.rows["solver"].newest[-1]["prompt_ids"]
+    assert view.rows["solver"].workers == ["w0"] * 4 + ["w1"] * 4
+    assert sum(view.workers_per_pool()["local"][1]) == 2  # w0 and w1, in one bin or two
 
 
 def test_cursor_reads_only_fragments_written_since_even_across_compaction(tmp_path,
@@ -216,6 +222,17 @@ def test_cursor_reads_only_fragments_written_since_even_across_compaction(tmp_pa
     cur, rows = _lance.read_after(table, cur, ["i"])
     assert rows["i"].to_pylist() == [8] and scanned[-1] == 1  # back to the new one alone
     assert cur.version == int(real(table).version)
+    # `tail`: the newest fragments holding 2 rows also give the extra column; each new
+    # fragment is still scanned once.
+    table.add_columns({"sq": "i * i"})
+    cur = _lance.Cursor(int(real(table).version), cur.fragment)
+    add_sq = pa.schema([("i", pa.int64()), ("sq", pa.int64())])
+    for x in (9, 10, 11):
+        _lance.append(table, pa.table({"i": [x], "sq": [x * x]}, schema=add_sq), where="test")
+    n = len(scanned)
+    cur, rows = _lance.read_after(table, cur, ["i"], tail=(["sq"], 2))
+    got = sorted(zip(rows["i"].to_pylist(), rows["sq"].to_pylist(), strict=True))
+    assert got == [(9, None), (10, 100), (11, 121)] and sorted(scanned[n:]) == [1, 2]
 
 
 def test_dashboard_state_reads_once_per_refresh_for_any_number_of_pages(local_run, monkeypatch):

@@ -116,10 +116,13 @@ class State:
             from astraflow.models.codec import load_codec
 
             ws = self.ctx.weights()
-            v = ws.latest(policy)
-            if v is None:
+            vs = ws.versions(policy)
+            if not vs:
                 return f"<{len(ids)} tokens>"
-            codec = self._codecs[policy] = load_codec(ws.load(policy, v))
+            # Every version of a policy carries the same tokenizer; the oldest kept is
+            # version 0, which pruning never deletes. The newest can be pruned between
+            # listing and loading it on a fast run (seen: a page failing with a 500).
+            codec = self._codecs[policy] = load_codec(ws.load(policy, vs[0]))
         return codec.decode(ids)
 
     def _episode(self, policy: str, r: dict[str, Any]) -> dict[str, Any]:

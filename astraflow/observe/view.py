@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from astraflow.run import RunContext
 from astraflow.stores import _lance
@@ -27,9 +28,10 @@ from astraflow.stores.ledger import METRICS_SCHEMA, Ledger, Progress
 
 #: Width of the time bins of `workers_per_pool`, seconds.
 BIN_S = 5.0
-#: Columns kept for every trajectory row (cheap): who produced it, when, how it scored.
-LIGHT = ["worker", "region", "created_at", "behavior_version", "reward"]
-#: Columns of the newest episodes shown on the dashboard.
+#: Columns read for every new trajectory row (cheap): who produced it, and when.
+LIGHT = ["worker", "region", "created_at"]
+#: Columns of the newest episodes shown on the dashboard, read only from the newest
+#: fragments (`stores._lance.read_after`'s `tail`): token lists are most of a row.
 EPISODE = ["traj_id", "group_id", "policy", "behavior_version", "reward", "task_id", "worker",
            "region", "created_at", "extras", "prompt_ids", "completion_ids", "loss_mask"]
 
@@ -132,22 +134,28 @@ class RunView:
             s.values.append(float(r["value"]))
 
     def _read_rows(self, policy: str) -> None:
-        table = self._traj.table(policy)
+        table, pr = self._traj.table(policy), self.rows[policy]
+        keep = pr.newest.maxlen or 20
         self.reads[f"traj_{policy}"] += 1
         self._traj_at[policy], new = self._traj._read(
-            policy, lambda: _lance.read_after(table, self._traj_at[policy], EPISODE), "read")
+            policy, lambda: _lance.read_after(table, self._traj_at[policy], LIGHT,
+                                              tail=(EPISODE, keep)), "read")
         if new is None or new.num_rows == 0:
             return
         new = new.sort_by([(_lance.CREATED_AT_VERSION, "ascending")])
-        pr = self.rows[policy]
-        light = new.select(["worker", "region", "created_at"]).to_pydict()
-        for w, reg, t in zip(light["worker"], light["region"], light["created_at"], strict=True):
-            pool = pool_of(w, reg)
-            pr.times.append(t.timestamp())
-            pr.workers.append(w)
-            pr.pools.append(pool)
-            self._bins[pool][int(t.timestamp() // BIN_S)].add(w)
-        tail = new.slice(max(0, new.num_rows - (pr.newest.maxlen or 20)))
+        # Column-wise, not row by row in Python: a refresh may bring thousands of rows.
+        workers, regions = new.column("worker").to_pylist(), new.column("region").to_pylist()
+        micros = new.column("created_at").cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+        times = pc.divide(micros, 1e6).to_pylist()
+        pool = {wr: pool_of(*wr) for wr in set(zip(workers, regions, strict=True))}
+        pools = [pool[wr] for wr in zip(workers, regions, strict=True)]
+        for p, w, b in set(zip(pools, workers, (int(t // BIN_S) for t in times), strict=True)):
+            self._bins[p][b].add(w)
+        pr.times += times
+        pr.workers += workers
+        pr.pools += pools
+        full = new.filter(pc.is_valid(new.column("traj_id")))
+        tail = full.slice(max(0, full.num_rows - keep))
         pr.newest.extend(tail.drop_columns([_lance.CREATED_AT_VERSION]).to_pylist())
 
     def _read_components(self) -> None:
