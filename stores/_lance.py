@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,59 @@ def latest_dataset(table: Any) -> Any:
     """The Lance dataset of the newest committed version of `table` (call inside `call`)."""
     table.checkout_latest()
     return table.to_lance()
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a follower of a table stopped: the table version it read up to, and the
+    highest fragment id that version held.
+
+    Why the fragment id: a filter on `_row_created_at_version` alone still scans every
+    fragment of the table, so a follower polling a long run would pay for its whole
+    history on each poll. Lance never reuses fragment ids and writes every new row
+    (append, or a compaction's rewrite) to a fragment with a fresh, higher id, so the
+    rows created after `version` all sit in fragments above `fragment`; the filter then
+    drops the old rows a compaction may have rewritten into those fragments.
+    """
+
+    version: int = 0
+    fragment: int = -1
+
+
+def read_after(table: Any, cursor: Cursor, columns: list[str], *,
+               tail: tuple[list[str], int] | None = None) -> tuple[Cursor, pa.Table | None]:
+    """The rows committed to `table` after `cursor`, with their creating version in
+    `CREATED_AT_VERSION`: (the new cursor, rows), or (new cursor, None) when no row is
+    new. One read of the table, touching only its fragments written since the cursor,
+    each once (call inside `retry.call`).
+
+    `tail=(more, n)`: the newest fragments, as many as hold `n` rows, are read with the
+    columns `more` as well (null in the other rows). Why: a follower that shows the
+    newest few rows in full (token lists) need not read every new row's tokens.
+    """
+    ds = latest_dataset(table)
+    top = int(ds.version)
+    if top <= cursor.version:
+        return cursor, None
+    frags = sorted((f for f in ds.get_fragments() if f.fragment_id > cursor.fragment),
+                   key=lambda f: f.fragment_id)
+    if not frags:  # commits that wrote no rows (a delete, a cleanup); `fragments=[]`
+        return Cursor(top, cursor.fragment), None  # would mean every fragment to a scanner
+    new = Cursor(top, frags[-1].fragment_id)
+    cols = list(dict.fromkeys([*columns, CREATED_AT_VERSION]))
+    flt = f"{CREATED_AT_VERSION} > {cursor.version} AND {CREATED_AT_VERSION} <= {top}"
+    if tail is None:
+        return new, ds.scanner(columns=cols, fragments=frags, filter=flt).to_table()
+    more, n = tail
+    k, held = 0, 0
+    while k < len(frags) and held < n:
+        k += 1
+        held += frags[-k].count_rows()
+    parts = [ds.scanner(columns=list(dict.fromkeys([*cols, *more])), fragments=frags[-k:],
+                        filter=flt).to_table()]
+    if k < len(frags):
+        parts.insert(0, ds.scanner(columns=cols, fragments=frags[:-k], filter=flt).to_table())
+    return new, pa.concat_tables(parts, promote_options="default")
 
 
 def maintain(table: Any, retain: timedelta = timedelta(minutes=10)) -> None:

@@ -12,6 +12,7 @@ import shutil
 from collections import Counter
 from datetime import UTC, datetime
 
+import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
@@ -171,6 +172,67 @@ def test_view_reads_each_table_once_per_refresh_and_only_new_commits(local_run, 
     assert sum(len(s.values) for s in view.series.values()) == n + 1  # only the new row
     assert view.get("trainer", "solver", "reward_mean").values[-1] == 0.9
     assert len(view.rows["solver"].times) == 8
+    # The newest episodes (in full) come from the newest commit; every row counts.
+    view = RunView(local_run, episodes=3).refresh()
+    assert [r["worker"] for r in view.rows["solver"].newest] == ["w1"] * 3
+    assert view.rows["solver"].newest[-1]["prompt_ids"]
+    assert view.rows["solver"].workers == ["w0"] * 4 + ["w1"] * 4
+    assert sum(view.workers_per_pool()["local"][1]) == 2  # w0 and w1, in one bin or two
+
+
+def test_cursor_reads_only_fragments_written_since_even_across_compaction(tmp_path,
+                                                                       monkeypatch):
+    schema = pa.schema([("i", pa.int64())])
+    table = _lance.open_or_create(_lance.connect(tmp_path / "db"), "t", schema)
+
+    def add(*xs: int) -> None:
+        for x in xs:  # one commit, one fragment each
+            _lance.append(table, pa.table({"i": [x]}, schema=schema), where="test")
+
+    scanned: list[int] = []  # fragments handed to each scan
+    real = _lance.latest_dataset
+
+    class Spy:
+        def __init__(self, ds):
+            self.ds = ds
+
+        def __getattr__(self, name):
+            return getattr(self.ds, name)
+
+        def scanner(self, **kw):
+            scanned.append(len(kw["fragments"]))
+            return self.ds.scanner(**kw)
+
+    monkeypatch.setattr(_lance, "latest_dataset", lambda t: Spy(real(t)))
+    add(0, 1, 2, 3, 4)
+    cur, rows = _lance.read_after(table, _lance.Cursor(), ["i"])
+    assert rows["i"].to_pylist() == [0, 1, 2, 3, 4] and scanned == [5]
+    assert _lance.read_after(table, cur, ["i"]) == (cur, None) and scanned == [5]
+    add(5, 6)
+    cur, rows = _lance.read_after(table, cur, ["i"])
+    assert sorted(rows["i"].to_pylist()) == [5, 6] and scanned[-1] == 2  # not the 5 old ones
+    # Compaction rewrites old rows into a fragment with a new, higher id: the next read
+    # scans it, but its rows keep their creating versions and are filtered out.
+    _lance.maintain(table)
+    assert len(real(table).get_fragments()) < 7
+    add(7)
+    cur, rows = _lance.read_after(table, cur, ["i"])
+    assert rows["i"].to_pylist() == [7]
+    add(8)
+    cur, rows = _lance.read_after(table, cur, ["i"])
+    assert rows["i"].to_pylist() == [8] and scanned[-1] == 1  # back to the new one alone
+    assert cur.version == int(real(table).version)
+    # `tail`: the newest fragments holding 2 rows also give the extra column; each new
+    # fragment is still scanned once.
+    table.add_columns({"sq": "i * i"})
+    cur = _lance.Cursor(int(real(table).version), cur.fragment)
+    add_sq = pa.schema([("i", pa.int64()), ("sq", pa.int64())])
+    for x in (9, 10, 11):
+        _lance.append(table, pa.table({"i": [x], "sq": [x * x]}, schema=add_sq), where="test")
+    n = len(scanned)
+    cur, rows = _lance.read_after(table, cur, ["i"], tail=(["sq"], 2))
+    got = sorted(zip(rows["i"].to_pylist(), rows["sq"].to_pylist(), strict=True))
+    assert got == [(9, None), (10, 100), (11, 121)] and sorted(scanned[n:]) == [1, 2]
 
 
 def test_dashboard_state_reads_once_per_refresh_for_any_number_of_pages(local_run, monkeypatch):
@@ -190,11 +252,21 @@ def test_dashboard_state_reads_once_per_refresh_for_any_number_of_pages(local_ru
     assert "/static/plotly.min.js" in page and "http" not in page.split("<body")[0].replace(
         'charset="utf-8"', "")  # nothing from a CDN
     assert client.get("/static/plotly.min.js").status_code == 200
+    seq = body["seq"]
+    # A page holding the newest state gets a few bytes, with or without a store read.
+    assert client.get(f"/api/state?since={seq}").json()["unchanged"] is True
     state.refresh_s = 0
-    client.get("/api/state")
-    assert counts == Counter({"metrics": 2, "traj_solver": 2})
+    assert client.get(f"/api/state?since={seq}").json() == {
+        "seq": seq, "unchanged": True, "refreshed_at": state.view.refreshed_at}
+    assert counts == Counter({"metrics": 2, "traj_solver": 2})  # read, found nothing new
+    local_run.ledger().log("trainer", "solver", 6, {"reward_mean": 0.75})
+    body = client.get(f"/api/state?since={seq}").json()
+    assert body["seq"] == seq + 1 and body["policies"]["solver"]["reward"]["y"][-1] == 0.75
+    assert client.get(f"/api/state?since={seq - 1}").json()["seq"] == seq + 1  # a stale page
+    assert counts == Counter({"metrics": 4, "traj_solver": 4})
     state.run_audit()
     assert state.audit["verdict"] == "OK"
+    assert client.get(f"/api/state?since={seq + 1}").json()["audit"]["verdict"] == "OK"
 
 
 class Recorder:

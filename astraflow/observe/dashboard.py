@@ -1,15 +1,21 @@
 """`astraflow dashboard`: a live page of one run on 127.0.0.1, offline.
 
-    browser ──GET /api/state every poll_s──► State.get()
+    browser ──GET /api/state?since=SEQ every poll_s──► State.get(since)
                                                │ older than refresh_s? (one lock)
                                                ▼
                                       RunView.refresh(): each table read once,
-                                      only commits since the last refresh
+                                      only the fragments written since the last one
+                                               │ anything new? (the view's stamp)
+                                               ▼
+                                      build + encode the JSON once, SEQ += 1
     audit thread ──every audit_every_s──► astraflow.audit (its own cadence: it
                                           verifies every weight version's sha256)
 
 Any number of open pages share one refresh per `refresh_s`, and a page nobody
-looks at costs the store nothing. FastAPI serves the page; the charts are
+looks at costs the store nothing. The JSON is built only when a refresh found
+something new, and a page that already holds the newest (its `since` is SEQ) gets
+a few bytes back and redraws nothing: polling faster than the store changes costs
+neither the server nor the browser. FastAPI serves the page; the charts are
 plotly.js, served from the copy inside the `plotly` wheel (no CDN: the page
 works on a machine with no internet).
 """
@@ -71,18 +77,38 @@ class State:
         self._lock = threading.Lock()
         self._json: bytes = b""
         self._built = 0.0
+        self._stamp: Any = None
+        self.seq = 0
+        """Counts the distinct states built; a page sends the one it holds as `since`."""
         self._codecs: dict[str, Any] = {}
         self._episodes: dict[str, dict[str, Any]] = {}  # traj_id -> decoded, for the page
         self.audit: dict[str, Any] = {"verdict": "pending", "checked_at": None, "policies": {}}
         self.t0: float | None = None
 
-    def get(self) -> bytes:
+    def get(self, since: int | None = None) -> bytes:
+        """The page's state as JSON, or `{"seq", "unchanged": true}` when the asking page
+        already holds state `since` and nothing newer exists."""
         with self._lock:
             if not self._json or time.time() - self._built >= self.refresh_s:
                 self.view.refresh()
-                self._json = json.dumps(self.build(), default=str).encode()
                 self._built = time.time()
+                stamp = self.stamp()
+                if stamp != self._stamp:
+                    self.seq += 1
+                    self._json = json.dumps({**self.build(), "seq": self.seq},
+                                            default=str).encode()
+                    self._stamp = stamp
+            if since == self.seq:
+                return json.dumps({"seq": self.seq, "unchanged": True,
+                                   "refreshed_at": self.view.refreshed_at}).encode()
             return self._json
+
+    def stamp(self) -> tuple:
+        """Everything the page shows depends on: equal stamps, equal pages."""
+        v = self.view
+        return (v.cursors(), tuple(v.progress.items()),
+                tuple((p, tuple(vs)) for p, vs in v.versions.items()),
+                json.dumps(v.components, sort_keys=True, default=str), self.audit["checked_at"])
 
     def _decode(self, policy: str, ids: list[int]) -> str:
         codec = self._codecs.get(policy)
@@ -90,10 +116,13 @@ class State:
             from astraflow.models.codec import load_codec
 
             ws = self.ctx.weights()
-            v = ws.latest(policy)
-            if v is None:
+            vs = ws.versions(policy)
+            if not vs:
                 return f"<{len(ids)} tokens>"
-            codec = self._codecs[policy] = load_codec(ws.load(policy, v))
+            # Every version of a policy carries the same tokenizer; the oldest kept is
+            # version 0, which pruning never deletes. The newest can be pruned between
+            # listing and loading it on a fast run (seen: a page failing with a 500).
+            codec = self._codecs[policy] = load_codec(ws.load(policy, vs[0]))
         return codec.decode(ids)
 
     def _episode(self, policy: str, r: dict[str, Any]) -> dict[str, Any]:
@@ -184,8 +213,8 @@ def make_app(state: State, *, poll_s: float | None = None):
         return Response(status_code=204)
 
     @app.get("/api/state")
-    def api_state() -> Response:
-        return Response(state.get(), media_type="application/json")
+    def api_state(since: int | None = None) -> Response:
+        return Response(state.get(since), media_type="application/json")
 
     return app
 

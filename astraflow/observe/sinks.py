@@ -160,7 +160,7 @@ class Follower:
         self.ctx = ctx
         self.sinks = list(sinks)
         self.failures = [0] * len(self.sinks)
-        self.after = 0
+        self.after = _lance.Cursor()
         self.points = 0
         self._counters: dict[tuple[str, str], int] = defaultdict(int)
         self._seen: dict[tuple[str, str], int] = {}
@@ -170,8 +170,7 @@ class Follower:
         """New points, in commit order, with their sink steps assigned."""
         from astraflow.observe.view import metrics_after, sorted_rows
 
-        top, new = metrics_after(self._metrics, self.after)
-        self.after = top
+        self.after, new = metrics_after(self._metrics, self.after)
         if new is None:
             return []
         out = []

@@ -4,7 +4,9 @@ Why incremental: status --watch, the dashboard and the metric follower poll a
 live run. Re-reading whole tables every refresh would cost the store (and the
 trainer sharing its disk or bucket) more as the run grows. Each refresh reads
 every table at most once, and only the commits after the last one it saw
-(rows carry the table version that created them, `_row_created_at_version`).
+(rows carry the table version that created them, `_row_created_at_version`), from
+the fragments written since (`stores._lance.Cursor`): a refresh late in a long run
+costs what one early in it does.
 `reads` counts those reads per table so tests can hold us to it.
 """
 
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from astraflow.run import RunContext
 from astraflow.stores import _lance
@@ -25,9 +28,10 @@ from astraflow.stores.ledger import METRICS_SCHEMA, Ledger, Progress
 
 #: Width of the time bins of `workers_per_pool`, seconds.
 BIN_S = 5.0
-#: Columns kept for every trajectory row (cheap): who produced it, when, how it scored.
-LIGHT = ["worker", "region", "created_at", "behavior_version", "reward"]
-#: Columns of the newest episodes shown on the dashboard.
+#: Columns read for every new trajectory row (cheap): who produced it, and when.
+LIGHT = ["worker", "region", "created_at"]
+#: Columns of the newest episodes shown on the dashboard, read only from the newest
+#: fragments (`stores._lance.read_after`'s `tail`): token lists are most of a row.
 EPISODE = ["traj_id", "group_id", "policy", "behavior_version", "reward", "task_id", "worker",
            "region", "created_at", "extras", "prompt_ids", "completion_ids", "loss_mask"]
 
@@ -39,22 +43,14 @@ def pool_of(worker: str, region: str) -> str:
     return m.group(1) if m else (region or "local")
 
 
-def metrics_after(ledger: Ledger, after: int) -> tuple[int, pa.Table | None]:
-    """The metrics table's rows committed after table version `after`, with their commit
-    version: (newest version, rows), or (newest version, None) when nothing is new. One
-    read; the dashboard's view and the metric sinks both follow the table this way."""
-    table = ledger.metrics
-
-    def read() -> tuple[int, pa.Table | None]:
-        ds = _lance.latest_dataset(table)
-        top = int(ds.version)
-        if top <= after:
-            return top, None
-        return top, ds.to_table(filter=f"{_lance.CREATED_AT_VERSION} > {after} AND "
-                                       f"{_lance.CREATED_AT_VERSION} <= {top}",
-                                columns=[*METRICS_SCHEMA.names, _lance.CREATED_AT_VERSION])
-
-    return ledger._read(read, "reading metrics")
+def metrics_after(ledger: Ledger, after: _lance.Cursor
+                  ) -> tuple[_lance.Cursor, pa.Table | None]:
+    """The metrics table's rows committed after `after`, with their commit version: (new
+    cursor, rows), or (new cursor, None) when nothing is new. One read, of the fragments
+    written since `after` only; the dashboard's view and the metric sinks both follow
+    the table this way."""
+    return ledger._read(lambda: _lance.read_after(ledger.metrics, after, METRICS_SCHEMA.names),
+                        "reading metrics")
 
 
 @dataclass
@@ -106,8 +102,8 @@ class RunView:
         self.progress: dict[str, Progress | None] = {}
         self.versions: dict[str, list[int]] = {}
         self.components: dict[str, dict[str, Any]] | None = None
-        self._metrics_v = 0
-        self._traj_v = dict.fromkeys(self.policies, 0)
+        self._metrics_at = _lance.Cursor()
+        self._traj_at = dict.fromkeys(self.policies, _lance.Cursor())
         #: pool -> time bin -> workers with rows in it, kept as rows arrive (BIN_S wide)
         self._bins: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
 
@@ -128,8 +124,7 @@ class RunView:
 
     def _read_metrics(self) -> None:
         self.reads["metrics"] += 1
-        top, new = metrics_after(self._ledger, self._metrics_v)
-        self._metrics_v = top
+        self._metrics_at, new = metrics_after(self._ledger, self._metrics_at)
         if new is None:
             return
         for r in sorted_rows(new):
@@ -139,32 +134,28 @@ class RunView:
             s.values.append(float(r["value"]))
 
     def _read_rows(self, policy: str) -> None:
-        table, after = self._traj.table(policy), self._traj_v[policy]
-
-        def read() -> tuple[int, pa.Table | None]:
-            ds = _lance.latest_dataset(table)
-            top = int(ds.version)
-            if top <= after:
-                return top, None
-            return top, ds.to_table(columns=[*EPISODE, _lance.CREATED_AT_VERSION],
-                                    filter=f"{_lance.CREATED_AT_VERSION} > {after} AND "
-                                           f"{_lance.CREATED_AT_VERSION} <= {top}")
-
+        table, pr = self._traj.table(policy), self.rows[policy]
+        keep = pr.newest.maxlen or 20
         self.reads[f"traj_{policy}"] += 1
-        top, new = self._traj._read(policy, read, "read")
-        self._traj_v[policy] = top
+        self._traj_at[policy], new = self._traj._read(
+            policy, lambda: _lance.read_after(table, self._traj_at[policy], LIGHT,
+                                              tail=(EPISODE, keep)), "read")
         if new is None or new.num_rows == 0:
             return
         new = new.sort_by([(_lance.CREATED_AT_VERSION, "ascending")])
-        pr = self.rows[policy]
-        light = new.select(["worker", "region", "created_at"]).to_pydict()
-        for w, reg, t in zip(light["worker"], light["region"], light["created_at"], strict=True):
-            pool = pool_of(w, reg)
-            pr.times.append(t.timestamp())
-            pr.workers.append(w)
-            pr.pools.append(pool)
-            self._bins[pool][int(t.timestamp() // BIN_S)].add(w)
-        tail = new.slice(max(0, new.num_rows - (pr.newest.maxlen or 20)))
+        # Column-wise, not row by row in Python: a refresh may bring thousands of rows.
+        workers, regions = new.column("worker").to_pylist(), new.column("region").to_pylist()
+        micros = new.column("created_at").cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+        times = pc.divide(micros, 1e6).to_pylist()
+        pool = {wr: pool_of(*wr) for wr in set(zip(workers, regions, strict=True))}
+        pools = [pool[wr] for wr in zip(workers, regions, strict=True)]
+        for p, w, b in set(zip(pools, workers, (int(t // BIN_S) for t in times), strict=True)):
+            self._bins[p][b].add(w)
+        pr.times += times
+        pr.workers += workers
+        pr.pools += pools
+        full = new.filter(pc.is_valid(new.column("traj_id")))
+        tail = full.slice(max(0, full.num_rows - keep))
         pr.newest.extend(tail.drop_columns([_lance.CREATED_AT_VERSION]).to_pylist())
 
     def _read_components(self) -> None:
@@ -178,6 +169,10 @@ class RunView:
             pass
 
     # -- derived ---------------------------------------------------------------
+    def cursors(self) -> tuple[_lance.Cursor, ...]:
+        """Where each table was read up to: unchanged cursors, no new rows."""
+        return (self._metrics_at, *self._traj_at.values())
+
     def get(self, component: str, policy: str, name: str) -> Series:
         return self.series.get((component, policy, name)) or Series()
 
