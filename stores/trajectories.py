@@ -125,17 +125,23 @@ class TrajectoryStore:
 
     def _stage_or_commit(self, policy: str, batch: pa.Table, landed) -> int | None:
         st = self.staging(policy)
-        ds = self._read(policy, lambda: _lance.latest_dataset(self.table(policy)), "opening")
-        frags = st.write_data(ds, batch, TRAJECTORY_SCHEMA)
+
+        def newest() -> Any:
+            return self._read(policy, lambda: _lance.latest_dataset(self.table(policy)), "opening")
+
+        if st.current is None:
+            st.current = newest()
+        frags = st.write_data(st.current, batch, TRAJECTORY_SCHEMA)
         if self.write_mode == "auto" and st.should_try():
-            tried = False
+            tries = 0
 
             def attempt() -> int | None:
-                nonlocal tried
-                if tried and landed():  # an ambiguous failure had committed it: not twice
+                nonlocal tries
+                tries += 1
+                if tries > 1 and landed():  # an ambiguous failure had committed it: not twice
                     return self.latest_version(policy)
-                tried = True
-                return st.try_commit_own(_lance.latest_dataset(self.table(policy)), frags)
+                return st.try_commit_own(st.current if tries == 1 and st.current is not None
+                                         else _lance.latest_dataset(self.table(policy)), frags)
 
             version = self._read(policy, attempt, f"commit of {batch.num_rows} rows")
             if version is not None:

@@ -74,11 +74,13 @@ def batches_in(store: TrajectoryStore) -> Counter:
     return Counter(i.rsplit("-", 1)[0] for i in ids)
 
 
-def stage_killed(uri: str, log: Path, tags: list[str]) -> None:
-    """Batches whose writers died right after staging them (nobody committed them)."""
+def stage(uri: str, tags: list[str]) -> None:
+    """Staged batches nobody has committed yet: what writers that died right after
+    their marker leave (a real SIGKILL there: the test below; here in-process, since a
+    `staged` writer never commits)."""
+    store = TrajectoryStore(uri, write_mode="staged")
     for tag in tags:
-        assert spawn("write", uri, tag, "1", str(log), "staged",
-                     crash="staged_marker").wait(120) == -9
+        assert store.append("p", rows(tag, 0)) is None
 
 
 @pytest.mark.parametrize("mode", ["auto", "staged"])
@@ -94,7 +96,8 @@ def test_writer_killed_after_its_data_files_leaves_no_batch(tmp_path, mode):
 
 def test_writer_killed_after_its_marker_is_committed_once_by_the_consumer(tmp_path):
     uri, log = str(tmp_path / "s"), tmp_path / "acks"
-    stage_killed(uri, log, ["k"])
+    assert spawn("write", uri, "k", "1", str(log), "staged",
+                 crash="staged_marker").wait(120) == -9
     store = TrajectoryStore(uri)
     assert store.pending("p") == ROWS and store.count("p") == ROWS  # backlog while staged
     assert store.count_after("p", 0) == ROWS
@@ -104,8 +107,8 @@ def test_writer_killed_after_its_marker_is_committed_once_by_the_consumer(tmp_pa
 
 
 def test_committer_killed_after_commit_is_settled_not_recommitted(tmp_path):
-    uri, log = str(tmp_path / "s"), tmp_path / "acks"
-    stage_killed(uri, log, ["w0", "w1", "w2"])  # three staged batches nobody committed
+    uri = str(tmp_path / "s")
+    stage(uri, ["w0", "w1", "w2"])  # three staged batches nobody committed
     store = TrajectoryStore(uri)
     assert store.count("p") == 3 * ROWS and store.count_after("p", 0) == 3 * ROWS
     v0 = store.latest_version("p")
@@ -122,8 +125,8 @@ def test_killed_while_settling_then_compaction_leaves_marked_files_alone(tmp_pat
     """A committer dies after deleting one of its markers. Maintenance must not
     rewrite the files the others name (else the next committer, not finding them,
     would commit those batches again); after the settle it compacts them too."""
-    uri, log = str(tmp_path / "s"), tmp_path / "acks"
-    stage_killed(uri, log, ["w0", "w1", "w2"])
+    uri = str(tmp_path / "s")
+    stage(uri, ["w0", "w1", "w2"])  # three staged batches nobody committed
     assert spawn("commit", uri, crash="settling").wait(120) == -9
     store = TrajectoryStore(uri)
     assert store.pending("p") == 2 * ROWS
