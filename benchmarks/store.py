@@ -195,7 +195,7 @@ def s3_location(latency_ms: float, log_dir: str):
 
     from tests.s3server import MotoServer
 
-    server = MotoServer(log_dir).start()
+    server = MotoServer(log_dir).start(timeout_s=120)
     proxy = LatencyProxy(int(server.endpoint.rsplit(":", 1)[1]), latency_ms / 1000)
     os.environ.update(server.env())
     os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
