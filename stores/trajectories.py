@@ -14,8 +14,9 @@ Contract (DESIGN.md, "Trajectory tables"):
 A consumer that remembers only its cursor (a table version) can restart at any
 time and continue exactly where it stopped: no row twice, none skipped.
 
-`write_mode="direct"` keeps the old one-`table.add`-per-batch path, for
-benchmarks to compare against (numbers in README, "The trajectory store at scale").
+`write_mode="direct"` (still the default) is the old one-`table.add`-per-batch
+path; `write_mode="auto"` is the staged design (numbers in README, "The trajectory
+store at scale").
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ from astraflow.stores.staging import Staging
 from astraflow.stores.uri import lance_storage_options
 
 #: auto: commit one's own batch, stage it when that loses a race; staged: always
-#: stage (tests, and benchmarks of the committer); direct: one `table.add` per batch.
+#: stage (tests, and benchmarks of the committer); direct: one `table.add` per batch,
+#: still the default: the full-run SIGKILL tests (tests/test_kill.py, test_s3.py) have
+#: not yet been seen passing with `auto` (they timed out on a loaded machine, issue 14).
+#: Readers commit staged batches whatever their own mode, so writers may opt in.
 WriteMode = Literal["auto", "staged", "direct"]
 
 
@@ -59,7 +63,7 @@ class TrajectoryStore:
     """All trajectory tables of one store location (a directory or bucket URI)."""
 
     def __init__(self, uri: str | Path, *, retry_budget_s: float = retry.DEFAULT_BUDGET_S,
-                 write_mode: WriteMode = "auto"):
+                 write_mode: WriteMode = "direct"):
         self.uri = str(uri)
         self.budget_s = retry_budget_s
         self.write_mode = write_mode
@@ -207,7 +211,7 @@ class TrajectoryStore:
         committer (`stores.staging`), so call this from the table's consumer only.
         """
         cols = list(columns or TRAJECTORY_SCHEMA.names)
-        if self.write_mode != "direct" and self.staging(policy).pending():
+        if self.staging(policy).pending():
             self.commit_staged(policy)
 
         def read() -> tuple[int, pa.Table | None]:

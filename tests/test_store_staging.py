@@ -150,7 +150,7 @@ def test_lost_race_stages_and_the_consumer_commits_it_once(tmp_path, monkeypatch
 
     from astraflow.stores import staging
 
-    store = TrajectoryStore(tmp_path / "s")
+    store = TrajectoryStore(tmp_path / "s", write_mode="auto")
     v1 = store.append("p", rows("a", 0))  # uncontended: committed by the writer
     assert v1 is not None
     real, calls = lance.LanceDataset.commit, []
@@ -179,7 +179,7 @@ def test_ambiguous_commit_failure_is_not_committed_twice(tmp_path, monkeypatch):
     the batch in the table and neither commits nor stages it again."""
     import lance
 
-    store = TrajectoryStore(tmp_path / "s")
+    store = TrajectoryStore(tmp_path / "s", write_mode="auto")
     store.table("p")
     real, calls = lance.LanceDataset.commit, []
 
@@ -198,7 +198,7 @@ def test_ambiguous_commit_failure_is_not_committed_twice(tmp_path, monkeypatch):
 
 
 def test_compaction_keeps_cursors_and_bounds_fragments(tmp_path):
-    store = TrajectoryStore(tmp_path / "s")
+    store = TrajectoryStore(tmp_path / "s", write_mode="auto")
     vs = [store.append("p", rows("a", i)) for i in range(12)]
     assert all(v is not None for v in vs)
     before = store.read_after("p", vs[4], columns=["traj_id"]).rows.column("traj_id").to_pylist()
