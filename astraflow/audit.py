@@ -127,6 +127,9 @@ def audit_policy(ctx: RunContext, policy: str) -> PolicyAudit:
         "rows_dropped_filtered": sum(e.rows_filtered for e in eff),
         "rows_retrained_after_rollback": sum(e.rows_read for e in rep.voided),
         "rows_not_yet_consumed": int(versions.size) - consumed,
+        # Staged by writers that lost a commit race (stores.staging): committed, exactly
+        # once, by the trainer's next read; not in the table yet, so not in the checks above.
+        "rows_staged": traj.pending(policy),
         "duplicate_rows": int((counts[dup] - 1).sum()) if dup.any() else 0,
         "final_cursor": final_cursor,
         "weight_versions": len(vs),

@@ -1,6 +1,7 @@
 """Chaos: SIGKILL random components of the math flow, then audit; compare with a calm run.
 
     python benchmarks/chaos.py [--steps 500] [--interval 8,20] [--min-kills 10] [--seed 0]
+    python benchmarks/chaos.py --writers 16 [--seconds 120] [--interval 2,5]   # store case
 
 Runs the flow twice from the same warm-started version 0 and for the same number
 of trainer steps: once undisturbed, once while a chaos loop SIGKILLs a random live
@@ -35,6 +36,68 @@ from rich.console import Console
 from astraflow.flow import load_flow
 from astraflow.local import prepare_run
 from astraflow.run import RunContext, quiet_libraries
+
+
+def store_chaos(args, console: Console) -> None:
+    """16 writers and the consumer (the trainer's store traffic: the only committer of
+    staged batches) SIGKILLed at random and restarted; then `astraflow audit` on the run,
+    and every acknowledged batch looked up in the table."""
+    root = Path(args.root)
+    ctx = prepare_run(load_flow(args.flow, {"name": "bench-chaos-writers"}), root, overwrite=True)
+    run, pol = ctx.run_dir, ctx.flow.policy.name
+    stop, acks = run / "STOP", run / "acks"
+    here = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+
+    def spawn(name: str, restarts: int) -> subprocess.Popen:
+        call = (f"store_consumer({str(run)!r}, {pol!r}, {args.batch * 2}, {str(stop)!r})"
+                if name == "consumer" else
+                f"store_writer({str(run)!r}, {pol!r}, '{name}r{restarts}', {args.batch}, {str(acks)!r})")
+        return subprocess.Popen([sys.executable, "-c", f"from store_actors import *; {call}"], env=env,
+                                stderr=(run / f"{name}.log").open("a"), start_new_session=True)
+
+    names = ["consumer"] + [f"w{i}" for i in range(args.writers)]
+    restarts = dict.fromkeys(names, 0)
+    procs = {n: spawn(n, 0) for n in names}
+    lo, hi = (float(x) for x in args.interval.split(","))
+    rng = random.Random(args.seed)
+    kills: list[str] = []
+    t_end = time.time() + args.seconds
+    next_kill = time.time() + 10 + rng.uniform(lo, hi)
+    while time.time() < t_end:
+        time.sleep(0.1)
+        for n, p in procs.items():
+            if p.poll() is not None:
+                raise SystemExit(f"{n} exited by itself ({p.returncode}); see {run / (n + '.log')}")
+        if time.time() >= next_kill:
+            name = "consumer" if rng.random() < 0.25 else rng.choice(names[1:])
+            os.killpg(procs[name].pid, signal.SIGKILL)
+            procs[name].wait()
+            kills.append(name)
+            restarts[name] += 1
+            procs[name] = spawn(name, restarts[name])  # the launcher restarts at once
+            next_kill = time.time() + rng.uniform(lo, hi)
+    for n in names[1:]:
+        os.killpg(procs[n].pid, signal.SIGKILL)  # writers stop mid-batch too
+        procs[n].wait()
+    stop.touch()
+    procs["consumer"].wait(timeout=600)
+    code, rep = audit(run)
+    a = rep.get(pol, {})
+    traj = ctx.trajectories()
+    ids = set(traj.read_range(pol, 0, 2**62, columns=["traj_id"]).column("traj_id").to_pylist())
+    acked = acks.read_text().split() if acks.exists() else []
+    lost = sum(f"{b}-0" not in ids for b in acked)
+    console.print(f"store chaos: {args.writers} writers + consumer for {args.seconds:.0f}s, "
+                  f"SIGKILL every U({lo:g}, {hi:g}) s")
+    console.print(f"kills: {len(kills)} ({kills.count('consumer')} consumer/committer, "
+                  f"{len(kills) - kills.count('consumer')} writers)")
+    console.print(f"audit: exit {code}, rows {a.get('rows_in_table')}, trained "
+                  f"{a.get('rows_trained')}, not yet consumed {a.get('rows_not_yet_consumed')}, "
+                  f"staged {a.get('rows_staged')}, duplicate rows {a.get('duplicate_rows')}, "
+                  f"violations {a.get('violations')} "
+                  f"{a.get('problems', '')}; acknowledged batches {len(acked)}, missing {lost}")
+    sys.exit(0 if code == 0 and lost == 0 and len(kills) >= args.min_kills else 1)
 
 
 def start_run(flow_path: str, root: Path, v0: dict[str, Path], name: str, steps: int,
@@ -132,8 +195,15 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[],
                     help="flow override for both runs, e.g. trainer.checkpoint_every=10")
     ap.add_argument("--json", help="write all results here")
+    ap.add_argument("--writers", type=int, default=0,
+                    help="store case instead: this many writer processes and one consumer")
+    ap.add_argument("--seconds", type=float, default=120, help="store case: chaos duration")
+    ap.add_argument("--batch", type=int, default=32, help="store case: rows per append")
     args = ap.parse_args()
     import yaml
+
+    if args.writers:
+        return store_chaos(args, Console(width=200))
 
     sets = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.sets)}
     lo, hi = (float(x) for x in args.interval.split(","))

@@ -1,109 +1,268 @@
-"""Append throughput of the trajectory store against plain Parquet files.
+"""Append throughput and latency of the trajectory store against plain Parquet files.
 
-    python benchmarks/store.py [--appends 400] [--rows 64]
+    python benchmarks/store.py [--writers 1,4,16,64] [--sizes short,long] [--where local,s3]
+                               [--modes auto,direct] [--appends 128] [--batch 64]
 
-For 1 and 4 concurrent writer processes, each appending `--appends` batches of
-`--rows` trajectory rows, prints rows/s into LanceDB (one commit per batch,
-retried on conflicts) and into one Parquet file per batch (no coordination at
-all: the floor any store pays), their ratio, and verifies that with 4 writers
-no row was lost or duplicated. Absolute rates depend on the machine; the ratio
-is the claim.
+For each store location (a local directory; the S3-protocol test server behind a
+loopback proxy that delays every request by `--latency-ms`, as a nearby region
+would), row size (`short`: today's 9-token prompts and 4-token answers; `long`:
+about 1,000 tokens per row) and writer count, `--appends` batches of `--batch`
+rows are split evenly over the writers (at least 2 each), which run as threads
+spread over up to `--procs` processes and all start together, while this process
+is the table's consumer: it follows a cursor with `read_after` (which commits
+staged batches, as the trainer's read does). Prints:
+
+  * committed rows/s: rows / time until the consumer has read the last row,
+  * the same batches written as one Parquet file per batch by the same writers
+    (no coordination at all: the floor any store pays) and the ratio to it,
+  * p50 / p99 latency of one append (until `append` returns: the batch is
+    committed, or staged and certain to be committed exactly once),
+  * p99 from the start of an append until the consumer read its rows,
+  * rows lost and duplicated as the consumer saw them, and as the table holds
+    them afterwards (must be 0 and 0).
+
+Modes: `auto` (a writer commits its own batch and stages it when it loses the
+manifest race: `stores.staging`) and `direct` (one `table.add` per append: the
+previous design, measured in the same run as the baseline). Absolute rates
+depend on the machine and on whatever else runs on it; the ratios are the claim.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import multiprocessing as mp
+import os
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 
+SIZES = {"short": (9, 4), "long": (200, 800)}  # prompt, completion tokens
 
-def batch(policy: str, rows: int, tag: str, i: int):
+
+def batch(rows: int, size: str, tag: str, i: int):
     from astraflow.stores.schema import to_table
 
+    prompt, completion = SIZES[size]
     now = datetime.now(UTC)
     return to_table([
-        {"traj_id": f"{tag}-{i}-{j}-{uuid.uuid4().hex[:6]}", "group_id": f"{tag}-{i}-{j // 8}",
-         "policy": policy, "behavior_version": i, "prompt_ids": list(range(9)),
-         "completion_ids": [5, 6, 7, 2], "behavior_logprobs": [-0.1, -0.2, -0.3, -0.4],
-         "loss_mask": [1, 1, 1, 1], "reward": float(j % 2), "env": "math", "task_id": f"t{j}",
-         "worker": tag, "region": "local", "created_at": now, "extras": "{}"}
+        {"traj_id": f"{tag}-{i}-{j}", "group_id": f"{tag}-{i}-{j // 8}", "policy": "p",
+         "behavior_version": i, "prompt_ids": list(range(prompt)),
+         "completion_ids": [5] * completion, "behavior_logprobs": [-0.1] * completion,
+         "loss_mask": [1] * completion, "reward": float(j % 2), "env": "math",
+         "task_id": f"t{j}", "worker": tag, "region": "local", "created_at": now, "extras": "{}"}
         for j in range(rows)
     ])
 
 
-def lance_writer(uri: str, tag: str, appends: int, rows: int, start, out) -> None:
+def writer_proc(kind: str, target: str, tags: list[str], appends: int, rows: int, size: str,
+                ready, start, out) -> None:
+    """One process of `len(tags)` writer threads; reports when each append started and ended."""
+    from astraflow.stores import ObjectStore, TrajectoryStore
+
+    work = {t: [batch(rows, size, t, i) for i in range(appends)] for t in tags}
+    if kind == "parquet":
+        objects = ObjectStore(target)
+
+        def put(t: str, i: int, b) -> None:
+            if objects.remote:
+                buf = io.BytesIO()
+                pq.write_table(b, buf)
+                objects.put_bytes(f"{t}-{i:06d}.parquet", buf.getvalue())
+            else:
+                pq.write_table(b, f"{target}/{t}-{i:06d}.parquet")
+    else:
+        stores = {t: TrajectoryStore(target, write_mode=kind) for t in tags}
+        for s in stores.values():
+            s.table("p")
+
+        def put(t: str, i: int, b) -> None:
+            stores[t].append("p", b)
+
+    spans: dict[str, tuple[float, float]] = {}
+    errors: list[str] = []
+
+    def run(t: str) -> None:
+        try:
+            for i, b in enumerate(work[t]):
+                t0 = time.time()
+                put(t, i, b)
+                spans[f"{t}-{i}"] = (t0, time.time())
+        except Exception as err:  # reported with the results: rows missing, run failed
+            errors.append(f"{t}: {type(err).__name__}: {err}")
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in tags]
+    ready.put(len(tags))
+    start.wait()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    out.put((spans, errors))
+
+
+def consume(uri: str, want: int, stop: threading.Event) -> tuple[float, dict[str, float], Counter]:
+    """Follow the table like a trainer until `want` rows are read (or `stop`): the time
+    the last row was read, when each batch was first read, and how often each row was."""
+    from astraflow.stores import TrajectoryStore
+
+    store, cursor, seen, first = TrajectoryStore(uri), 0, Counter(), {}
+    last = time.time()
+    while sum(seen.values()) < want and not stop.is_set():
+        sl = store.read_after("p", cursor, min_rows=1, columns=["traj_id"])
+        if sl is None:
+            time.sleep(0.005)
+            continue
+        now = last = time.time()
+        cursor = sl.end
+        for rid in sl.rows.column("traj_id").to_pylist():
+            seen[rid] += 1
+            first.setdefault(rid.rsplit("-", 1)[0], now)
+    return last, first, seen
+
+
+def measure(kind: str, target: str, writers: int, appends: int, rows: int, size: str,
+            procs: int) -> dict:
+    """Rates and latencies with `writers` threads over up to `procs` processes."""
+    ctx = mp.get_context("spawn")
+    ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
+    n = min(procs, writers)
+    groups = [[f"w{i}" for i in range(writers) if i % n == k] for k in range(n)]
+    ps = [ctx.Process(target=writer_proc,
+                      args=(kind, target, g, appends, rows, size, ready, start, out))
+          for g in groups]
+    for p in ps:
+        p.start()
+    for _ in ps:  # imports and batch building, outside the timing
+        ready.get(timeout=600)
+    want = writers * appends * rows
+    result: list = []
+    stop = threading.Event()
+    reader = None
+    if kind != "parquet":
+        reader = threading.Thread(target=lambda: result.append(consume(target, want, stop)))
+    t0 = time.time()
+    start.set()
+    if reader is not None:
+        reader.start()
+    res = [out.get(timeout=1800) for _ in ps]
+    for p in ps:
+        p.join()
+        if p.exitcode != 0:
+            sys.exit(f"a {kind} writer process failed with exit code {p.exitcode}")
+    for r in res:
+        for e in r[1]:
+            print(f"  writer failed: {e}", flush=True)
+    spans = {k: v for r in res for k, v in r[0].items()}
+    lat = np.array([e - s for s, e in spans.values()] or [float("nan")])
+    if reader is None:
+        return {"rate": want / (max(e for _, e in spans.values()) - t0), "lat": lat}
+    reader.join(timeout=600)
+    stop.set()
+    reader.join()
+    last, first, seen = result[0]
+    visible = np.array([first[b] - s for b, (s, _) in spans.items() if b in first]
+                       or [float("nan")])
+    return {"rate": sum(seen.values()) / (last - t0), "lat": lat, "visible": visible,
+            "seen": seen}
+
+
+def check(uri: str, writers: int, appends: int, rows: int, seen: Counter) -> tuple[int, int]:
+    """(lost, duplicated) rows: as the consumer read them, and as the table holds them."""
     from astraflow.stores import TrajectoryStore
 
     store = TrajectoryStore(uri)
-    batches = [batch("p", rows, tag, i) for i in range(appends)]
-    start.wait()
-    t0 = time.perf_counter()
-    for b in batches:
-        store.append("p", b)
-    out.put(time.perf_counter() - t0)
+    store.commit_staged("p")
+    ids = store.read_range("p", 0, 2**62, columns=["traj_id"]).column("traj_id").to_pylist()
+    want = {f"w{w}-{i}-{j}" for w in range(writers) for i in range(appends) for j in range(rows)}
+    lost = len(want - set(ids)) + len(want - set(seen))
+    dup = len(ids) - len(set(ids)) + sum(c - 1 for c in seen.values())
+    return lost, dup
 
 
-def parquet_writer(root: str, tag: str, appends: int, rows: int, start, out) -> None:
-    batches = [batch("p", rows, tag, i) for i in range(appends)]
-    Path(root).mkdir(parents=True, exist_ok=True)
-    start.wait()
-    t0 = time.perf_counter()
-    for i, b in enumerate(batches):
-        pq.write_table(b, f"{root}/{tag}-{i:06d}.parquet")
-    out.put(time.perf_counter() - t0)
+def s3_location(latency_ms: float, log_dir: str):
+    """Start the moto S3 server and a latency proxy in front of it; point AWS_* at it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from latency_proxy import LatencyProxy
 
+    from tests.s3server import MotoServer
 
-def measure(target, path: str, writers: int, appends: int, rows: int) -> float:
-    """Rows per second over the slowest writer's wall time (all start together)."""
-    ctx = mp.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=target, args=(path, f"w{i}", appends, rows, start, out))
-             for i in range(writers)]
-    for p in procs:
-        p.start()
-    time.sleep(3.0)  # let every process import and build its batches
-    start.set()
-    times = [out.get(timeout=900) for _ in procs]
-    for p in procs:
-        p.join()
-        if p.exitcode != 0:
-            sys.exit(f"a writer failed with exit code {p.exitcode}")
-    return writers * appends * rows / max(times)
+    server = MotoServer(log_dir).start(timeout_s=120)
+    proxy = LatencyProxy(int(server.endpoint.rsplit(":", 1)[1]), latency_ms / 1000)
+    os.environ.update(server.env())
+    os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
+    bucket = server.create_bucket(f"bench-{uuid.uuid4().hex[:8]}")
+    return server, proxy, f"s3://{bucket}"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--appends", type=int, default=400, help="batches per writer")
-    ap.add_argument("--rows", type=int, default=64, help="rows per batch")
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--writers", default="1,4,16,64")
+    ap.add_argument("--sizes", default="short,long")
+    ap.add_argument("--where", default="local,s3")
+    ap.add_argument("--modes", default="auto,direct", help="auto,staged,direct")
+    ap.add_argument("--appends", type=int, default=128,
+                    help="batches per configuration, all writers")
+    ap.add_argument("--batch", type=int, default=64, help="rows per batch")
+    ap.add_argument("--procs", type=int, default=4, help="writer processes (threads share them)")
+    ap.add_argument("--latency-ms", type=float, default=20.0, help="added per S3 request")
     args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from astraflow.stores import TrajectoryStore
 
-    print(f"store benchmark: {args.appends} appends × {args.rows} rows per writer")
-    print(f"{'writers':>8} {'lance rows/s':>14} {'parquet rows/s':>15} {'ratio':>7}")
+    modes = args.modes.split(",")
+    print(f"store benchmark: {args.appends} appends x {args.batch} rows per configuration, "
+          f"writers as threads over <= {args.procs} processes, this process reading; "
+          f"S3 = moto on 127.0.0.1 + {args.latency_ms:g} ms per request")
+    print(f"{'where':>5} {'rows':>5} {'writers':>7} {'mode':>6} {'rows/s':>9} {'parquet':>9} "
+          f"{'ratio':>6} {'vs 1w':>6} {'p50 s':>6} {'p99 s':>6} {'read99':>6} {'lost':>5} "
+          f"{'dup':>4}")
     ok = True
-    for writers in (1, 4):
-        with tempfile.TemporaryDirectory() as tmp:
-            uri = f"{tmp}/lance"
-            TrajectoryStore(uri).table("p")  # created once, before the writers race
-            lance = measure(lance_writer, uri, writers, args.appends, args.rows)
-            parquet = measure(parquet_writer, f"{tmp}/parquet", writers, args.appends, args.rows)
-            print(f"{writers:>8} {lance:>14,.0f} {parquet:>15,.0f} {lance / parquet:>7.2f}")
-            if writers == 4:
-                store = TrajectoryStore(uri)
-                ids = store.read_range("p", 0, 10**12, columns=["traj_id"]).column("traj_id").to_pylist()
-                expected = writers * args.appends * args.rows
-                lost, dup = expected - len(set(ids)), len(ids) - len(set(ids))
-                print(f"4 writers × {args.appends} appends: {len(ids):,} rows read back, "
-                      f"{expected:,} written, lost {lost}, duplicated {dup}")
-                ok = lost == 0 and dup == 0
-    print("ratio = LanceDB append throughput / Parquet-file throughput (same batches, same run)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for where in args.where.split(","):
+            server = proxy = None
+            root = tmp
+            if where == "s3":
+                server, proxy, root = s3_location(args.latency_ms, f"{tmp}/moto")
+            try:
+                for size in args.sizes.split(","):
+                    one: dict[str, float] = {}
+                    for writers in (int(w) for w in args.writers.split(",")):
+                        appends = max(2, args.appends // writers)
+                        tag = uuid.uuid4().hex[:8]
+                        parquet = measure("parquet", f"{root}/pq-{tag}", writers, appends,
+                                          args.batch, size, args.procs)["rate"]
+                        for mode in modes:
+                            uri = f"{root}/lance-{mode}-{tag}"
+                            TrajectoryStore(uri).table("p")  # created once, before the race
+                            m = measure(mode, uri, writers, appends, args.batch, size, args.procs)
+                            lost, dup = check(uri, writers, appends, args.batch, m["seen"])
+                            ok &= lost == 0 and dup == 0
+                            rate = m["rate"]
+                            one.setdefault(mode, rate)
+                            print(f"{where:>5} {size:>5} {writers:>7} {mode:>6} {rate:>9,.0f} "
+                                  f"{parquet:>9,.0f} {rate / parquet:>6.2f} "
+                                  f"{rate / one[mode]:>6.2f} {np.percentile(m['lat'], 50):>6.2f} "
+                                  f"{np.percentile(m['lat'], 99):>6.2f} "
+                                  f"{np.percentile(m['visible'], 99):>6.2f} {lost:>5} {dup:>4}",
+                                  flush=True)
+            finally:
+                if proxy is not None:
+                    proxy.stop()
+                if server is not None:
+                    server.stop()
+    print("ratio = store rows/s / Parquet-file rows/s (same batches, same writers, same run); "
+          "vs 1w = rows/s / rows/s with 1 writer; p50/p99 = append returns; read99 = p99 from "
+          "an append's start until the consumer read it")
     sys.exit(0 if ok else 1)
 
 

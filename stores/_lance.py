@@ -8,6 +8,7 @@ maintenance. Keeping that contract in one place keeps the three honest.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -163,13 +164,109 @@ def read_after(table: Any, cursor: Cursor, columns: list[str], *,
     return new, pa.concat_tables(parts, promote_options="default")
 
 
-def maintain(table: Any, retain: timedelta = timedelta(minutes=10)) -> None:
+#: How long a table version outlives its successor: far longer than any one read.
+RETAIN = timedelta(minutes=10)
+#: Rows per compacted fragment (about 256 MB of 1,000-token rows).
+COMPACT_ROWS = 32_768
+
+
+def compact(table: Any, marked_files: Callable[[Any], set[str]], *,
+            retain: timedelta = RETAIN) -> dict[str, int]:
+    """Maintenance of a staged-append table: bounded fragments and versions, cursors intact.
+
+    Takes no lock and runs beside writers and the committer:
+    1. plan the rewrite of small fragments on version D;
+    2. drop from the plan every fragment holding a file that a staged-batch marker
+       still names (`marked_files(D)`, listed after D was opened): the committer
+       tells "already committed" by finding a marker's files in the table, so those
+       files must stay until the marker is settled (`stores.staging`);
+    3. rewrite and commit (a Rewrite rebases over concurrent Appends). With stable
+       row ids a compacted row keeps its `_row_created_at_version`, so every cursor
+       means the same rows before and after;
+    4. drop versions older than `retain` (a reader holds a version for one read).
+       Staged but uncommitted data files are unreferenced and young, and Lance's
+       cleanup keeps young unreferenced files.
+    """
+    from lance.optimize import Compaction, CompactionOptions
+
+    ds = latest_dataset(table)
+    plan = Compaction.plan(ds, CompactionOptions(target_rows_per_fragment=COMPACT_ROWS))
+    keep = marked_files(ds) if plan.tasks else set()
+    held = {f.fragment_id for f in ds.get_fragments()
+            if any(df.path in keep for df in f.metadata.files)}
+    tasks = [t for t in plan.tasks if not {f.id for f in t.fragments} & held]
+    if tasks:
+        Compaction.commit(ds, [t.execute(ds) for t in tasks])
+    ds = latest_dataset(table)
+    removed = ds.cleanup_old_versions(older_than=retain)
+    ds = latest_dataset(table)
+    return {"fragments": len(ds.get_fragments()), "versions": len(ds.versions()),
+            "versions_removed": int(removed.old_versions), "rows": int(ds.count_rows()),
+            "fragments_held": len(held)}
+
+
+def maintain(table: Any, retain: timedelta = RETAIN) -> None:
     """Compact small fragments; drop versions older than `retain`.
 
     Readers hold a version for at most one read, far less than `retain`, so a
     reader never loses the version it is reading.
     """
     table.optimize(cleanup_older_than=retain)
+
+
+def _varint(b: bytes, i: int) -> tuple[int, int]:
+    x = shift = 0
+    while True:
+        c = b[i]
+        i += 1
+        x |= (c & 0x7F) << shift
+        shift += 7
+        if c < 0x80:
+            return x, i
+
+
+def _fields(b: bytes):
+    """(field number, value) of a protobuf message (varint and length-delimited only)."""
+    i = 0
+    while i < len(b):
+        key, i = _varint(b, i)
+        if key & 7 == 0:
+            v, i = _varint(b, i)
+        elif key & 7 == 2:
+            n, i = _varint(b, i)
+            v, i = b[i:i + n], i + n
+        else:
+            raise ValueError(f"protobuf wire type {key & 7}")
+        yield key >> 3, v
+
+
+def newest_row_version(fragment: Any) -> int | None:
+    """The highest `_row_created_at_version` in a fragment, from its metadata alone.
+
+    Lance keeps each fragment's row creation versions as runs (protobuf
+    `RowDatasetVersionSequence { repeated Run runs = 1 }`, `Run { span = 1;
+    version = 2 }`), inline in the manifest. None when it is not inline (then the
+    fragment is simply read)."""
+    meta = fragment.metadata.created_at_version_meta
+    if meta is None:
+        return None
+    try:
+        raw = json.loads(meta.json()).get("inline")
+        if raw is None:
+            return None
+        return max(v for f, run in _fields(bytes(raw)) if f == 1
+                   for g, v in _fields(run) if g == 2)
+    except (ValueError, IndexError, TypeError):
+        return None
+
+
+def scan_after(ds: Any, cursor: int, *, columns: list[str] | None, filter: str) -> pa.Table:
+    """`ds.to_table(columns, filter)` over only the fragments holding rows created after
+    `cursor` (their metadata says so): the next batch costs the same on a day-old table
+    as on a new one, however many compacted fragments lie behind the cursor."""
+    frags = [f for f in ds.get_fragments()
+             if (v := newest_row_version(f)) is None or v > cursor]
+    return ds.scanner(columns=columns, filter=filter, fragments=frags).to_table()
 
 
 def sql_str(s: str) -> str:

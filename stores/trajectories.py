@@ -2,25 +2,44 @@
 
 Contract (DESIGN.md, "Trajectory tables"):
 
-    writer:  append(rows)            -> one commit per batch, retried, never dropped
-    reader:  read_after(cursor, ...) -> rows with cursor < _row_created_at_version <= V
-                                        read on a checkout of V; the new cursor is V
+    writer:  append(rows)            -> the batch committed whole in one table version,
+                                        by the writer itself, or (when it lost the
+                                        manifest race) staged and committed whole,
+                                        exactly once, by the consumer (`stores.staging`);
+                                        retried, never dropped
+    reader:  read_after(cursor, ...) -> commits what is staged, then rows with
+                                        cursor < _row_created_at_version <= V read on
+                                        a checkout of V; the new cursor is V
 
 A consumer that remembers only its cursor (a table version) can restart at any
 time and continue exactly where it stopped: no row twice, none skipped.
+
+`write_mode="direct"` (still the default) is the old one-`table.add`-per-batch
+path; `write_mode="auto"` is the staged design (numbers in README, "The trajectory
+store at scale").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from astraflow.stores import _lance, retry
 from astraflow.stores.schema import TRAJECTORY_SCHEMA, to_table
+from astraflow.stores.staging import Staging
+from astraflow.stores.uri import lance_storage_options
+
+#: auto: commit one's own batch, stage it when that loses a race; staged: always
+#: stage (tests, and benchmarks of the committer); direct: one `table.add` per batch,
+#: still the default: the full-run SIGKILL tests (tests/test_kill.py, test_s3.py) have
+#: not yet been seen passing with `auto` (they timed out on a loaded machine, issue 14).
+#: Readers commit staged batches whatever their own mode, so writers may opt in.
+WriteMode = Literal["auto", "staged", "direct"]
 
 
 def table_name(policy: str) -> str:
@@ -43,11 +62,14 @@ class Slice:
 class TrajectoryStore:
     """All trajectory tables of one store location (a directory or bucket URI)."""
 
-    def __init__(self, uri: str | Path, *, retry_budget_s: float = retry.DEFAULT_BUDGET_S):
+    def __init__(self, uri: str | Path, *, retry_budget_s: float = retry.DEFAULT_BUDGET_S,
+                 write_mode: WriteMode = "direct"):
         self.uri = str(uri)
         self.budget_s = retry_budget_s
+        self.write_mode = write_mode
         self._db = _lance.connect(uri, retry_budget_s)
         self._tables: dict[str, Any] = {}
+        self._staging: dict[str, Staging] = {}
 
     def table(self, policy: str) -> Any:
         if policy not in self._tables:
@@ -56,12 +78,34 @@ class TrajectoryStore:
             )
         return self._tables[policy]
 
+    def staging(self, policy: str) -> Staging:
+        """The table's staged batches and their committer (`stores.staging`)."""
+        if policy not in self._staging:
+            table = self.table(policy)
+            self._staging[policy] = Staging(
+                self.uri.rstrip("/"), table_name(policy), lambda: _lance.latest_dataset(table),
+                storage_options=lance_storage_options(self.uri), budget_s=self.budget_s)
+        return self._staging[policy]
+
+    def commit_staged(self, policy: str) -> int | None:
+        """Commit every staged batch of the table now; the new version, or None when
+        nothing was staged. Only the table's consumer may call this (`stores.staging`)."""
+        return self.staging(policy).commit_pending()
+
+    def pending(self, policy: str) -> int:
+        """Rows staged but not yet committed (counted from marker names: one listing)."""
+        return self.staging(policy).pending_rows()
+
     def _read(self, policy: str, fn, what: str):
         return retry.call(fn, what=f"{what} of table {table_name(policy)!r} at {self.uri}",
                           budget_s=self.budget_s)
 
-    def append(self, policy: str, rows: list[dict[str, Any]] | pa.Table) -> int:
-        """Validate and append one batch as one commit; returns its version."""
+    def append(self, policy: str, rows: list[dict[str, Any]] | pa.Table) -> int | None:
+        """Validate and append one batch, all or nothing.
+
+        Returns the table version that holds it, or None when it was staged: then
+        it is in the table exactly once after the consumer's next `read_after`
+        (`stores.staging`), and counted as backlog until then."""
         batch = to_table(rows)
         if batch.num_rows == 0:
             raise _lance.SchemaMismatch(f"refusing an empty batch for table {table_name(policy)!r}")
@@ -78,7 +122,37 @@ class TrajectoryStore:
             ds = _lance.latest_dataset(table)
             return ds.count_rows(filter=f"traj_id = '{_lance.sql_str(first)}'") > 0
 
-        return _lance.append(table, batch, where=self.uri, budget_s=self.budget_s, landed=landed)
+        if self.write_mode == "direct":
+            return _lance.append(table, batch, where=self.uri, budget_s=self.budget_s,
+                                 landed=landed)
+        return self._stage_or_commit(policy, batch, landed)
+
+    def _stage_or_commit(self, policy: str, batch: pa.Table, landed) -> int | None:
+        st = self.staging(policy)
+
+        def newest() -> Any:
+            return self._read(policy, lambda: _lance.latest_dataset(self.table(policy)), "opening")
+
+        if st.current is None:
+            st.current = newest()
+        frags = st.write_data(st.current, batch, TRAJECTORY_SCHEMA)
+        if self.write_mode == "auto" and st.should_try():
+            tries = 0
+
+            def attempt() -> int | None:
+                nonlocal tries
+                tries += 1
+                if tries > 1 and landed():  # an ambiguous failure had committed it: not twice
+                    return self.latest_version(policy)
+                return st.try_commit_own(st.current if tries == 1 and st.current is not None
+                                         else _lance.latest_dataset(self.table(policy)), frags)
+
+            version = self._read(policy, attempt, f"commit of {batch.num_rows} rows")
+            if version is not None:
+                return version
+            st.lost_race()
+        st.mark(batch.num_rows, frags)
+        return None
 
     def latest_version(self, policy: str) -> int:
         table = self.table(policy)
@@ -90,24 +164,32 @@ class TrajectoryStore:
         return self._read(policy, read, "latest version")
 
     def count(self, policy: str) -> int:
-        """All rows of the policy's table (metadata only: cheap enough to poll)."""
+        """All rows of the policy's table, staged ones included (metadata and one
+        listing: cheap enough to poll). Backpressure subtracts the consumer's rows
+        from this, so staged rows count as not yet consumed. Markers are listed
+        before the table is read, so a commit in between can only count a batch
+        twice for a moment (too much backlog), never zero times."""
         table = self.table(policy)
+        staged = self.pending(policy)
 
         def read() -> int:
             table.checkout_latest()
             return int(table.count_rows())
 
-        return self._read(policy, read, "row count")
+        return staged + self._read(policy, read, "row count")
 
     def count_after(self, policy: str, cursor: int) -> int:
-        """Rows committed after `cursor` (a consumer's backlog)."""
+        """Rows after `cursor`, staged ones included (a consumer's backlog)."""
+        staged = self.pending(policy)
+
         def read() -> int:
             ds = _lance.latest_dataset(self.table(policy))
             if int(ds.version) <= cursor:
                 return 0
-            return int(ds.count_rows(filter=f"{_lance.CREATED_AT_VERSION} > {int(cursor)}"))
+            return _lance.scan_after(ds, cursor, columns=[_lance.CREATED_AT_VERSION],
+                                     filter=f"{_lance.CREATED_AT_VERSION} > {int(cursor)}").num_rows
 
-        return self._read(policy, read, "backlog count")
+        return staged + self._read(policy, read, "backlog count")
 
     def read_after(
         self,
@@ -124,16 +206,21 @@ class TrajectoryStore:
         gathered (stopping before exceeding `max_rows` when possible), so a
         slice always ends on a commit boundary and the returned `end` is an
         exact new cursor. Returns None when fewer than `min_rows` rows are new.
+
+        Commits the table's staged batches first: the consumer is their only
+        committer (`stores.staging`), so call this from the table's consumer only.
         """
         cols = list(columns or TRAJECTORY_SCHEMA.names)
+        if self.staging(policy).pending():
+            self.commit_staged(policy)
 
         def read() -> tuple[int, pa.Table | None]:
             ds = _lance.latest_dataset(self.table(policy))
             top = int(ds.version)
             if top <= cursor:
                 return top, None
-            return top, ds.to_table(
-                columns=[*cols, _lance.CREATED_AT_VERSION],
+            return top, _lance.scan_after(
+                ds, cursor, columns=[*cols, _lance.CREATED_AT_VERSION],
                 filter=f"{_lance.CREATED_AT_VERSION} > {int(cursor)} "
                 f"AND {_lance.CREATED_AT_VERSION} <= {top}",
             )
@@ -164,5 +251,8 @@ class TrajectoryStore:
         return self._read(policy, lambda: _lance.latest_dataset(self.table(policy)).to_table(
             columns=[*cols, _lance.CREATED_AT_VERSION], filter=cond), "range read")
 
-    def maintain(self, policy: str) -> None:
-        _lance.maintain(self.table(policy))
+    def maintain(self, policy: str, retain: timedelta = _lance.RETAIN) -> dict[str, int]:
+        """Compact small fragments, drop versions older than `retain`; never breaks a
+        cursor nor a staged batch (see `_lance.compact`). Returns counts."""
+        return _lance.compact(self.table(policy), self.staging(policy).committed_marked_files,
+                              retain=retain)

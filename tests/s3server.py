@@ -99,8 +99,9 @@ class MotoServer:
         return f"http://127.0.0.1:{self.port}"
 
     # -------------------------------------------------------------- lifecycle
-    def start(self) -> MotoServer:
-        """Spawn the server and wait until it answers HTTP (about 20 s at most).
+    def start(self, timeout_s: float = _START_TIMEOUT_S) -> MotoServer:
+        """Spawn the server and wait until it answers HTTP (`timeout_s` at most:
+        benchmarks on a loaded machine wait longer than tests do).
 
         Raises ``RuntimeError`` with the tail of the server log when it exits
         early or does not answer in time (the process is then stopped).
@@ -124,7 +125,7 @@ class MotoServer:
                 env=env,
             )
         self._paused = False
-        deadline = time.monotonic() + _START_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 rc = self._proc.returncode
@@ -137,7 +138,7 @@ class MotoServer:
             time.sleep(0.1)
         self.stop()
         raise RuntimeError(
-            f"moto server did not answer on {self.endpoint} within {_START_TIMEOUT_S:.0f} s:\n{self.log_tail()}"
+            f"moto server did not answer on {self.endpoint} within {timeout_s:.0f} s:\n{self.log_tail()}"
         )
 
     def stop(self) -> None:

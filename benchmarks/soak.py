@@ -1,0 +1,123 @@
+"""Soak: a simulated day of appends; read-next-batch cost and table size must stay flat.
+
+    python benchmarks/soak.py [--commits 100000] [--writers 4] [--rows 4] [--max-minutes 40]
+
+`--writers` processes append `--commits` batches of `--rows` rows in total (each
+append commits its batch, or stages it when it loses the manifest race:
+`stores.staging`), as fast as they can: a day of a busy run compressed into minutes. Meanwhile this process plays
+the trainer: it reads the next batch after its cursor (`read_after`, which also
+commits what is staged), records a ledger step for it, and runs maintenance
+(`TrajectoryStore.maintain`: compaction + old-version cleanup) every
+`--maintain-every` seconds with `--retain` seconds of retention (standing in for
+the 10 minutes of a real run). For each 1/24 of the run ("hour") it prints the
+read-next-batch latency (p50/p99), and the table's fragments, versions and rows.
+At the end `astraflow audit` checks the run: every row consumed exactly once.
+The machine this ran on was shared; compare the hours with each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+
+from astraflow.flow import load_flow
+from astraflow.local import prepare_run
+from astraflow.stores import LedgerEntry
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--flow", default="examples/math.yaml")
+    ap.add_argument("--root", default="runs/bench")
+    ap.add_argument("--commits", type=int, default=100_000, help="appends, all writers")
+    ap.add_argument("--writers", type=int, default=4)
+    ap.add_argument("--rows", type=int, default=4, help="rows per append")
+    ap.add_argument("--read-rows", type=int, default=64, help="rows per trainer step")
+    ap.add_argument("--maintain-every", type=float, default=20.0)
+    ap.add_argument("--retain", type=float, default=10.0, help="seconds of versions kept")
+    ap.add_argument("--max-minutes", type=float, default=40.0, help="stop the writers then")
+    args = ap.parse_args()
+
+    ctx = prepare_run(load_flow(args.flow, {"name": "bench-soak"}), Path(args.root), overwrite=True)
+    run, pol = ctx.run_dir, ctx.flow.policy.name
+    traj, ledger = ctx.trajectories(), ctx.ledger()
+    traj.table(pol)
+    here = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    per = args.commits // args.writers
+    procs = [subprocess.Popen([sys.executable, "-c", "from store_actors import store_writer; "
+                               f"store_writer({str(run)!r}, {pol!r}, 'w{i}', {args.rows}, "
+                               f"{str(run / 'acks')!r}, batches={per}, pause_s=0)"], env=env)
+             for i in range(args.writers)]
+    total = per * args.writers * args.rows
+    hour_rows = max(total // 24, 1)
+    print(f"soak: {per * args.writers:,} appends of {args.rows} rows by {args.writers} writer "
+          f"processes; trainer reads {args.read_rows} rows per step; maintenance every "
+          f"{args.maintain_every:g}s keeping {args.retain:g}s of versions")
+    print(f"{'hour':>4} {'rows':>9} {'t s':>6} {'read p50 ms':>11} {'read p99 ms':>11} "
+          f"{'fragments':>9} {'versions':>8} {'staged':>6} {'maint s':>7}")
+    t0 = last_maint = time.time()
+    step = cursor = consumed = 0
+    lat: list[float] = []
+    maint_s = 0.0
+    hour = 0
+    stop_at = t0 + 60 * args.max_minutes
+    while True:
+        writing = any(p.poll() is None for p in procs)
+        if writing and time.time() > stop_at:
+            for p in procs:
+                p.kill()
+            writing = False
+        r0 = time.perf_counter()
+        sl = traj.read_after(pol, cursor, min_rows=args.read_rows, max_rows=args.read_rows,
+                             columns=["traj_id", "behavior_version", "reward"])
+        if sl is None and not writing:
+            sl = traj.read_after(pol, cursor, min_rows=1)
+            if sl is None and traj.pending(pol) == 0:
+                break
+        if sl is None:
+            time.sleep(0.02)
+            continue
+        lat.append(time.perf_counter() - r0)
+        ledger.record(LedgerEntry(policy=pol, step=step, cursor_start=sl.start, cursor_end=sl.end,
+                                  rows_read=sl.num_rows, rows_used=sl.num_rows, rows_stale=0,
+                                  rows_filtered=0, optimizer_step=True, weight_version=0))
+        step, cursor, consumed = step + 1, sl.end, consumed + sl.num_rows
+        if time.time() - last_maint > args.maintain_every:
+            m0 = time.time()
+            traj.maintain(pol, retain=timedelta(seconds=args.retain))
+            ctx.ledger().maintain()
+            maint_s, last_maint = time.time() - m0, time.time()
+        if consumed >= (hour + 1) * hour_rows:
+            hour += 1
+            ds = traj.table(pol).to_lance()
+            ms = np.array(lat) * 1000
+            print(f"{hour:>4} {consumed:>9,} {time.time() - t0:>6.0f} {np.percentile(ms, 50):>11.1f} "
+                  f"{np.percentile(ms, 99):>11.1f} {len(ds.get_fragments()):>9} "
+                  f"{len(ds.versions()):>8} {traj.pending(pol):>6} {maint_s:>7.1f}", flush=True)
+            lat = []
+    appends = sum(1 for _ in (run / "acks").open()) if (run / "acks").exists() else 0
+    a = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run), "--json"],
+                       capture_output=True, text=True, timeout=1200)
+    rep = (json.loads(a.stdout).get("policies", {}).get(pol, {})
+           if a.stdout.strip().startswith("{") else {})
+    print(f"appends acknowledged {appends:,} (wanted {per * args.writers:,}), table versions "
+          f"made {traj.latest_version(pol):,}, rows consumed {consumed:,} in {step:,} steps, "
+          f"{time.time() - t0:.0f}s")
+    print(f"audit: exit {a.returncode}, rows {rep.get('rows_in_table')}, trained "
+          f"{rep.get('rows_trained')}, staged {rep.get('rows_staged')}, "
+          f"duplicate rows {rep.get('duplicate_rows')}, "
+          f"violations {rep.get('violations')}")
+    sys.exit(a.returncode)
+
+
+if __name__ == "__main__":
+    main()
