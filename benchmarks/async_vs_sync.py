@@ -31,7 +31,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import run_from_version0, steady_rates, time_to, version0
+from common import metric_means, run_from_version0, steady_rates, time_to, version0
 from rich.console import Console
 
 from astraflow.run import RunContext, quiet_libraries
@@ -58,16 +58,10 @@ def one_run(flow_path: str, root: Path, v0: dict[str, Path], mode: str, label: s
 
 
 def breakdown(ctx: RunContext) -> dict[str, float]:
-    t = ctx.ledger().read_metrics().to_pylist()
-    out: dict[str, float] = {}
-    for comp, name in [("trainer", "step_time_s"), ("trainer", "trainer_wait_s"),
-                       ("trainer", "publish_s"), ("rollout", "gen_s"), ("rollout", "env_wait_s"),
-                       ("rollout", "tool_s"), ("rollout", "batch_s"), ("rollout", "append_s"),
-                       ("rollout", "backpressure_s")]:
-        vals = [r["value"] for r in t if r["component"] == comp and r["name"] == name]
-        if vals:
-            out[f"{comp}.{name}"] = statistics.mean(vals)
-    return out
+    return metric_means(ctx, [
+        ("trainer", "step_time_s"), ("trainer", "trainer_wait_s"), ("trainer", "publish_s"),
+        ("rollout", "gen_s"), ("rollout", "env_wait_s"), ("rollout", "tool_s"),
+        ("rollout", "batch_s"), ("rollout", "append_s"), ("rollout", "backpressure_s")])
 
 
 def episode_stats(ctx: RunContext) -> dict[str, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,24 @@ def steady_rates(ctx: RunContext) -> dict[str, dict[str, float]]:
         span = max(entries[-1].time - entries[0].time, 1e-9)
         out[p] = {"steps_per_s": (len(entries) - 1) / span,
                   "rows_per_s": sum(e.rows_read for e in entries[1:]) / span}
+    return out
+
+
+def metric_means(ctx: RunContext, names: list[tuple[str, str]],
+                 policy: str | None = None,
+                 rows: list[dict[str, Any]] | None = None) -> dict[str, float]:
+    """Mean of each (component, metric) over a run's metrics table (one read), keyed
+    `component.metric`; `policy` narrows it to that policy's rows. Where the time of a
+    step or a batch went, for the benchmarks' breakdowns. `rows`: the table already
+    read by the caller."""
+    if rows is None:
+        rows = ctx.ledger().read_metrics().to_pylist()
+    out: dict[str, float] = {}
+    for comp, name in names:
+        vals = [r["value"] for r in rows if r["component"] == comp and r["name"] == name
+                and (policy is None or r["policy"] == policy)]
+        if vals:
+            out[f"{comp}.{name}"] = statistics.mean(vals)
     return out
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from common import metric_means
 from rich.console import Console
 
 from astraflow.flow import FlowSpec, load_flow
@@ -184,16 +185,11 @@ def astraflow_run(flow_path: str, minutes: float, points: float, console: Consol
 def time_split(ctx, policy: str) -> dict[str, float]:
     """Where a step's time went, from the run's metrics table: the trainer's step, its
     wait and publish, the worker's generation, weight reloads and backpressure (means),
-    and the trainer's peak resident memory."""
-    rows = ctx.ledger().read_metrics(since=0).to_pylist()
-    out: dict[str, float] = {}
-    for comp, name in [("trainer", "step_time_s"), ("trainer", "trainer_wait_s"),
-                       ("trainer", "publish_s"), ("rollout", "gen_s"), ("rollout", "reload_s"),
-                       ("rollout", "backpressure_s")]:
-        vals = [r["value"] for r in rows if r["component"] == comp and r["policy"] == policy
-                and r["name"] == name]
-        if vals:
-            out[f"{comp}.{name}"] = sum(vals) / len(vals)
+    and the trainer's peak resident memory (the largest of its per-step readings)."""
+    rows = ctx.ledger().read_metrics().to_pylist()
+    out = metric_means(ctx, [("trainer", "step_time_s"), ("trainer", "trainer_wait_s"),
+                             ("trainer", "publish_s"), ("rollout", "gen_s"),
+                             ("rollout", "reload_s"), ("rollout", "backpressure_s")], policy, rows)
     peaks = [r["value"] for r in rows if r["component"] == "trainer" and r["name"] == "peak_rss_mb"]
     if peaks:
         out["trainer.peak_rss_mb"] = max(peaks)
