@@ -474,6 +474,12 @@ class StoreSpec(Spec):
     """Trainer checkpoints; default `<uri>/checkpoints`, or `runs/<name>/checkpoints`."""
     retry_budget_s: float = Field(120.0, gt=0)
     """How long components retry an unreachable store before stopping with an error."""
+    write_mode: Literal["auto", "direct"] = "auto"
+    """How rollout writers append trajectory batches. `auto`: a writer commits its own
+    batch and, when it loses the manifest race to another writer, leaves it staged for
+    the trainer to commit in its next read (aggregate throughput grows with writers;
+    `stores.staging`). `direct`: one `table.add` per batch, retried through conflicts
+    (the old path; every writer races for the manifest)."""
 
     replicas: list[ReplicaSpec] = Field(default_factory=list)
     """Weight replicas near rollout pools in other regions or clouds (see ReplicaSpec)."""

@@ -98,7 +98,8 @@ class RunContext:
         return self.flow.store.retry_budget_s
 
     def trajectories(self) -> TrajectoryStore:
-        return TrajectoryStore(self.store_uri, retry_budget_s=self._budget)
+        return TrajectoryStore(self.store_uri, retry_budget_s=self._budget,
+                               write_mode=self.flow.store.write_mode)
 
     def weights(self, region: str | None = None) -> WeightStore:
         """The weight store; with `region`, the replica for that region if the flow

@@ -17,7 +17,6 @@ def store_writer(run: str, policy: str, tag: str, rows: int, acks: str,
     from datetime import UTC, datetime
 
     traj = RunContext.open(Path(run)).trajectories()
-    traj.write_mode = "auto"  # the staged design (not yet the default: stores.trajectories)
     with open(acks, "a") as log:
         for i in range(batches):
             now = datetime.now(UTC)

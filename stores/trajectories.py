@@ -14,8 +14,8 @@ Contract (DESIGN.md, "Trajectory tables"):
 A consumer that remembers only its cursor (a table version) can restart at any
 time and continue exactly where it stopped: no row twice, none skipped.
 
-`write_mode="direct"` (still the default) is the old one-`table.add`-per-batch
-path; `write_mode="auto"` is the staged design (numbers in README, "The trajectory
+`write_mode="auto"` (the default) is the staged design; `write_mode="direct"` is
+the old one-`table.add`-per-batch path (numbers in README, "The trajectory
 store at scale").
 """
 
@@ -34,11 +34,11 @@ from astraflow.stores.schema import TRAJECTORY_SCHEMA, to_table
 from astraflow.stores.staging import Staging
 from astraflow.stores.uri import lance_storage_options
 
-#: auto: commit one's own batch, stage it when that loses a race; staged: always
-#: stage (tests, and benchmarks of the committer); direct: one `table.add` per batch,
-#: still the default: the full-run SIGKILL tests (tests/test_kill.py, test_s3.py) have
-#: not yet been seen passing with `auto` (they timed out on a loaded machine, issue 14).
-#: Readers commit staged batches whatever their own mode, so writers may opt in.
+#: auto (the default): commit one's own batch, stage it when that loses a race;
+#: staged: always stage (tests, and benchmarks of the committer); direct: one
+#: `table.add` per batch retried through conflicts (the old path, `store.write_mode:
+#: direct` in a flow). Readers commit staged batches whatever their own mode, so
+#: writers of either mode may share a table.
 WriteMode = Literal["auto", "staged", "direct"]
 
 
@@ -63,7 +63,7 @@ class TrajectoryStore:
     """All trajectory tables of one store location (a directory or bucket URI)."""
 
     def __init__(self, uri: str | Path, *, retry_budget_s: float = retry.DEFAULT_BUDGET_S,
-                 write_mode: WriteMode = "direct"):
+                 write_mode: WriteMode = "auto"):
         self.uri = str(uri)
         self.budget_s = retry_budget_s
         self.write_mode = write_mode
