@@ -1,8 +1,8 @@
 """Scaling policies compared in the simulator on real prices and real spot traces.
 
-    python benchmarks/scaling.py                     # every scenario: ratios, table, PNGs
+    python benchmarks/scaling.py                     # tuning + held-out: ratios, table, PNGs
     python benchmarks/scaling.py --only "aws only"   # the scenarios whose name contains it
-    python benchmarks/scaling.py --set old           # tuning + held-out; --set fresh: the rest
+    python benchmarks/scaling.py --set fresh         # the fresh held-out set (--set all: both)
     python benchmarks/scaling.py --data ../shared/data --out runs/bench/scaling --steps 1500
 
 The scenarios (`benchmarks/scaling_data.py`): one TUNING scenario (AWS + GCP pools,
@@ -180,9 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "scaling")
     ap.add_argument("--steps", type=int, default=1500, help="trainer steps every policy runs")
     ap.add_argument("--only", default=None, help="run the scenarios whose name contains this")
-    ap.add_argument("--set", dest="which", choices=SETS, default="all",
-                    help="old: the tuning and held-out scenarios; fresh: the ones added "
-                         "after them, kept unseen until the hedge was revised; all: both")
+    ap.add_argument("--set", dest="which", choices=SETS, default="old",
+                    help="old (default): the tuning and held-out scenarios; fresh: the ones "
+                         "added after them, kept unseen until a revised hedge is run on "
+                         "them once; all: both")
     ap.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                     help="a CostAware parameter for the `cost` run (default: its defaults), "
                          "e.g. --param max_pool_share=0.333")
