@@ -1,13 +1,16 @@
 """Scaling policies compared in the simulator on real prices and real spot traces.
 
-    python benchmarks/scaling.py                     # every scenario: ratios, table, PNGs
+    python benchmarks/scaling.py                     # tuning + held-out: ratios, table, PNGs
     python benchmarks/scaling.py --only "aws only"   # the scenarios whose name contains it
+    python benchmarks/scaling.py --set fresh         # the fresh held-out set (--set all: both)
     python benchmarks/scaling.py --data ../shared/data --out runs/bench/scaling --steps 1500
 
 The scenarios (`benchmarks/scaling_data.py`): one TUNING scenario (AWS + GCP pools,
 traces from their first tick: the one the cost policy was developed on) and HELD-OUT
 ones that each change one thing: trace windows drawn by seed, other traced zones,
-AWS alone, GCP alone, a trainer twice or half as fast. In each, the same run, on
+AWS alone, GCP alone, a trainer twice or half as fast; and FRESH ones (trace windows
+seeds 4-9, a third zone mapping) added before the hedge was last revised and run once
+after it (`--set fresh`). In each, the same run, on
 the same scenario:
 
     fixed-od      the on-demand pool cheapest per row, sized to the trainer's need
@@ -35,7 +38,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from scaling_data import SPEED, Case, cases, load_catalog
+from scaling_data import SETS, SPEED, Case, cases, load_catalog
 
 from astraflow.policies import Catalog, CostAware, DeadBand, Fixed, Pool, SimRun, simulate
 from astraflow.policies.scaling_sim import format_runs, plot_runs
@@ -177,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "scaling")
     ap.add_argument("--steps", type=int, default=1500, help="trainer steps every policy runs")
     ap.add_argument("--only", default=None, help="run the scenarios whose name contains this")
+    ap.add_argument("--set", dest="which", choices=SETS, default="old",
+                    help="old (default): the tuning and held-out scenarios; fresh: the ones "
+                         "added after them, kept unseen until a revised hedge is run on "
+                         "them once; all: both")
     ap.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                     help="a CostAware parameter for the `cost` run (default: its defaults), "
                          "e.g. --param max_pool_share=0.333")
@@ -186,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     ns.out.mkdir(parents=True, exist_ok=True)
     params = {k: _value(v) for k, _, v in (p.partition("=") for p in ns.param)}
-    todo, trainer_price = cases(ns.data, ns.steps, ns.only)
+    todo, trainer_price = cases(ns.data, ns.steps, ns.only, ns.which)
     if params:
         print(f"cost runs with {params} (not its defaults)")
     print(f"trainer: 8 x A100 on demand ${trainer_price:.2f}/h, the same under every policy "

@@ -17,6 +17,13 @@ others are HELD OUT, built to differ from it in one way each:
     gcp only        the GCP A100 pools alone (mapping A)
     trainer x2      a trainer twice as fast (10 s a step: twice the rows/s to supply)
     trainer x0.5    a trainer half as fast (40 s a step)
+
+and a FRESH set, added before the hedge of issue 13 was revised and run only once,
+after it (`--set fresh`), built by the same rules as the held-out ones:
+
+    windows s=4..9  mapping A, each trace started at a tick drawn by seed s
+    zones C         AWS + GCP pools, mapping C: for each pool a traced zone neither A nor
+                    B gave it (AWS: the 1-node records, 8 workers per unit as in B)
 """
 
 from __future__ import annotations
@@ -59,13 +66,28 @@ MAP_B = {
     "a100-use1-spot": (f"{SH}/GCP1/us-west1-b_a100_40gb_8.json", 2),
     "a100-usw1-spot": (f"{SH}/GCP1/europe-west4-a_a100_40gb_8.json", 2),
 }
+#: Mapping C: each pool driven by a traced zone that neither A nor B gave it; a 1-node
+#: AWS record gives 0 or 8 workers (as in B), asia-northeast1-a (0/1) 4 (as in B).
+MAP_C = {
+    "l40s-use2-spot": (f"{ST}/availability/1-node/aws-02-15-2023/us-east-2b_v100_1.json", 8),
+    "l40s-usw2-spot": (f"{ST}/availability/1-node/aws-02-15-2023/us-west-2a_v100_1.json", 8),
+    "a10g-use2-spot": (f"{ST}/availability/1-node/aws-02-15-2023/us-east-2a_v100_1.json", 8),
+    "l4-usw2-spot": (f"{ST}/preemption/1-node/aws-04-22-2023/us-west-2c_v100_1.json", 8),
+    "a100-usc1a-spot": (f"{SH}/GCP1/us-west1-b_a100_40gb_8.json", 2),
+    "a100-usc1b-spot": (f"{SH}/GCP1/asia-northeast1-a_a100_40gb_8.json", 4),
+    "a100-euw4-spot": (f"{SH}/GCP1/us-central1-a_a100_40gb_8.json", 2),
+    "a100-use1-spot": (f"{SH}/GCP1/europe-west4-a_a100_40gb_8.json", 2),
+    "a100-usw1-spot": (f"{SH}/GCP1/us-east1-b_a100_40gb_8.json", 2),
+}
+#: The sets `cases` builds: "old" (tune + held-out), "fresh", or "all".
+SETS = ("all", "old", "fresh")
 
 
 @dataclass(frozen=True)
 class Case:
     """One scenario with what the report needs beside it."""
 
-    label: str  # "tune" | "held-out"
+    label: str  # "tune" | "held-out" | "fresh"
     scenario: Scenario
     od_pool: str  # the on-demand pool cheapest per row: fixed-od's and the dead band's
     mapping: tuple[str, ...]  # which trace drives which pool (an assumption)
@@ -145,9 +167,13 @@ def _case(label: str, name: str, data: Path, pools: list[Pool], work: Workload,
         + (f", from tick {v.offset}" if v.offset else "") + ")" for k, v in traces.items()))
 
 
-def cases(data: Path, steps: int, only: str | None = None) -> tuple[list[Case], float]:
-    """The tuning scenario and the held-out ones (`only`: those whose name contains it),
-    and the trainer's $/h (one p4d.24xlarge, 8 x A100 on demand, under every policy)."""
+def cases(data: Path, steps: int, only: str | None = None,
+          which: str = "all") -> tuple[list[Case], float]:
+    """The tuning scenario and the held-out ones (`which`: "old"), the fresh ones
+    ("fresh") or all of them, those whose name contains `only`; and the trainer's $/h
+    (one p4d.24xlarge, 8 x A100 on demand, under every policy)."""
+    if which not in SETS:
+        raise ValueError(f"scenario set must be one of {', '.join(SETS)}, got {which!r}")
     cat = load_catalog(data)
     trainer_price = cat.price("aws", "us-east-1", "A100", 8, spot=False) or 0.0
     aws, gcp = aws_pools(cat), gcp_pools(cat)
@@ -166,4 +192,10 @@ def cases(data: Path, steps: int, only: str | None = None) -> tuple[list[Case], 
               replace(work, train_s=TRAIN_S * 2, deadline_s=steps * TRAIN_S * 2 * 1.5),
               MAP_A, 0),
     ]
+    if which == "fresh":
+        out = []
+    if which in ("all", "fresh"):
+        out += [_case("fresh", f"aws+gcp, windows s={s}", data, aws + gcp, work, MAP_A, s)
+                for s in (4, 5, 6, 7, 8, 9)]
+        out += [_case("fresh", "aws+gcp, zones C", data, aws + gcp, work, MAP_C, 0)]
     return [c for c in out if only is None or only in c.name], trainer_price

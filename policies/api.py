@@ -65,6 +65,9 @@ class PoolState:
     rows_per_s: float | None = None  # measured per productive worker; None: not yet measured
     preemptions_1h: int = 0  # workers lost to the cloud in the last hour
     launch_failures_1h: int = 0  # launches the cloud refused (no capacity) in the last hour
+    # Seconds since the pool last lost a worker to the cloud or had a launch refused (one
+    # that never did: since the run began). None: the backend does not know.
+    quiet_s: float | None = None
     blocked_fraction: float = 0.0  # share of worker time spent waiting on backpressure
 
     @property

@@ -19,7 +19,8 @@ Three rules, each with the reason it exists:
     so new workers go to the next region or accelerator; no spot pool supplies more
     than `max_pool_share` of the demand, a third by default (a hedge: losing any one
     pool leaves two thirds of the demand supplied while replacements start, and fewer
-    workers to relaunch); running workers move to a cheaper pool when the
+    workers to relaunch); optionally (`share_doubling_s`) a pool earns a larger share by
+    going without preemptions and falls back to the third at the next one; running workers move to a cheaper pool when the
     saving over the rest of the run pays for the new one's cold start; on-demand fills
     what spot cannot and is the floor when the deadline is at risk.
 """
@@ -46,7 +47,15 @@ class CostAware(Policy):
                       on-demand pool cheapest per row), "fewest" (the fastest pool per
                       GPU) or "none" (dollars alone)
     gpu_slack         the bound is (1 + gpu_slack) x the reference's
-    max_pool_share    most of the demand one spot pool may supply
+    max_pool_share    most of the demand one spot pool may supply while it has no record
+                      (just preempted or refused a launch, or the run just began)
+    share_doubling_s  a spot pool's share doubles for every this many seconds it has gone
+                      without a preemption or refused launch (`PoolState.quiet_s`), up
+                      to `max_share_quiet`; 0 (the default) keeps it at `max_pool_share`:
+                      in the benchmark, 3600 brought the cost aim within reach where
+                      spot is scarce but cost GPU-hours and wait elsewhere (README)
+    max_share_quiet   most of the demand the quietest spot pool may supply (never less
+                      than `max_pool_share`)
     """
 
     name = "cost"
@@ -56,7 +65,8 @@ class CostAware(Policy):
                  ondemand_floor: float = 0.0, backlog_high: float = 0.75, bootstrap: int = 2,
                  preemption_loss_s: float | None = None, deadline_margin: float = 0.9,
                  gpu_ref: str = "ondemand", gpu_slack: float = 0.0,
-                 max_pool_share: float = 1 / 3):
+                 max_pool_share: float = 1 / 3, share_doubling_s: float = 0.0,
+                 max_share_quiet: float = 2 / 3):
         if gpu_ref not in self.GPU_REFS:
             raise ValueError(f"cost: gpu_ref must be one of {', '.join(self.GPU_REFS)}, "
                              f"got {gpu_ref!r}")
@@ -67,7 +77,12 @@ class CostAware(Policy):
         self.preemption_loss_s, self.deadline_margin = preemption_loss_s, deadline_margin
         if not 0 < max_pool_share <= 1:
             raise ValueError(f"cost: max_pool_share must be in (0, 1], got {max_pool_share!r}")
+        if not 0 < max_share_quiet <= 1:
+            raise ValueError(f"cost: max_share_quiet must be in (0, 1], got {max_share_quiet!r}")
+        if not share_doubling_s >= 0:
+            raise ValueError(f"cost: share_doubling_s must be >= 0, got {share_doubling_s!r}")
         self.gpu_ref, self.gpu_slack, self.max_pool_share = gpu_ref, gpu_slack, max_pool_share
+        self.share_doubling_s, self.max_share_quiet = share_doubling_s, max_share_quiet
 
     # -- what a row costs in each pool --------------------------------------------
     def productive_share(self, s: PoolState) -> float:
@@ -113,6 +128,19 @@ class CostAware(Policy):
         """A spot pool that preempted workers or refused a launch in the last hour is
         short of capacity: keep what it has, grow elsewhere."""
         return not (s.pool.spot and (s.preemptions_1h or s.launch_failures_1h))
+
+    def pool_share(self, s: PoolState) -> float:
+        """Most of the demand this pool may supply. On-demand: all of it. Spot: trust
+        earned by evidence, as a back-off is: `max_pool_share` while the pool has no
+        record, doubling for every `share_doubling_s` it goes without a preemption or a
+        refused launch, up to `max_share_quiet`, and back to `max_pool_share` at the next
+        one (its quiet time restarts). Unknown quiet time: the base share."""
+        if not s.pool.spot:
+            return 1.0
+        if s.quiet_s is None or not self.share_doubling_s:
+            return self.max_pool_share
+        return min(max(self.max_share_quiet, self.max_pool_share),
+                   self.max_pool_share * 2.0 ** (max(s.quiet_s, 0.0) / self.share_doubling_s))
 
     # -- the plan -----------------------------------------------------------------
     @staticmethod
@@ -218,7 +246,7 @@ class CostAware(Policy):
                 return 0
             cap = s.pool.max_workers
             if s.pool.spot:  # the hedge: no one spot pool supplies more than its share
-                cap = min(cap, max(1, math.ceil(self.max_pool_share * demand / s.throughput
+                cap = min(cap, max(1, math.ceil(self.pool_share(s) * demand / s.throughput
                                                 - 1e-9)))
             return max(cap - targets[s.pool.name], 0)
 

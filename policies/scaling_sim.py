@@ -151,6 +151,7 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
         yield min(p.cold_start_s, max(k.death - eng.now, 0.0))
         if eng.now >= k.death:
             k.preempted = True
+            preempt_t[p.name].append(k.death)
             return end(k, k.death)
         if k.ended is not None:
             return
@@ -164,6 +165,7 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
             k.blocked_s += eng.now - t0
             if eng.now >= k.death:
                 k.preempted = True
+                preempt_t[p.name].append(min(max(k.death, t0), eng.now))
                 return end(k, min(max(k.death, t0), eng.now))
             if k.ended is not None:
                 return
@@ -175,6 +177,7 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
                 lost[0] += w.batch_rows
                 if k.ended is None:
                     k.preempted = True
+                    preempt_t[p.name].append(k.death)
                     end(k, k.death)
                 return
             backlog.append((eng.now, v0))
@@ -252,7 +255,8 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
                 p, live=len(lv), starting=sum(k.productive is None for k in lv),
                 rows_per_s=p.rows_per_s if measured else None,
                 preemptions_1h=sum(t > now - 3600 for t in preempt_t[p.name]),
-                launch_failures_1h=sum(t > now - 3600 for t in fail_t[p.name])))
+                launch_failures_1h=sum(t > now - 3600 for t in fail_t[p.name]),
+                quiet_s=now - max(preempt_t[p.name] + fail_t[p.name], default=0.0)))
         tr = TrainerState("trainer", wait_fraction=min(waited / span, 1.0),
                           backlog_rows=len(backlog) * w.batch_rows,
                           batch_rows=w.batch_rows * w.batches_per_step,

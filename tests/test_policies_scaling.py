@@ -90,6 +90,54 @@ def test_cost_aware_hedges_across_spot_pools():
         CostAware(max_pool_share=0.0)
 
 
+def test_cost_aware_hedge_grows_with_a_quiet_record_and_backs_off():
+    """With share_doubling_s, a spot pool's share starts at a third, doubles for every hour
+    it goes without a preemption or refused launch (up to two thirds), and is back to a
+    third after one (its quiet time restarts)."""
+    pol = CostAware(drain_s=1e9, share_doubling_s=3600.0, max_share_quiet=2 / 3)
+    def plan(quiet_a, quiet_b=0.0):
+        return pol.plan(_obs(demand=16.0, backlog=128, **{"spot-a": {"quiet_s": quiet_a},
+                                             "spot-b": {"quiet_s": quiet_b}})).targets
+    assert plan(0.0) == {"od": 0, "spot-a": 2, "spot-b": 2}  # a third of 4 workers: 2
+    assert plan(1800.0) == {"od": 0, "spot-a": 2, "spot-b": 2}  # 0.47: still 2
+    assert plan(2 * 3600.0) == {"od": 0, "spot-a": 3, "spot-b": 1}  # capped at 2/3: 3
+    assert plan(100 * 3600.0) == {"od": 0, "spot-a": 3, "spot-b": 1}
+    assert pol.pool_share(PoolState(Pool("s", spot=True), quiet_s=3600.0)) == pytest.approx(2 / 3)
+    assert pol.pool_share(PoolState(Pool("o"), quiet_s=0.0)) == 1.0  # on demand: no cap
+    # A backend that cannot tell (quiet_s None), or the rule off (the default): the base.
+    assert pol.plan(_obs(demand=16.0, backlog=128)).targets == \
+        {"od": 0, "spot-a": 2, "spot-b": 2}
+    assert CostAware(drain_s=1e9).plan(_obs(
+        demand=16.0, backlog=128, **{"spot-a": {"quiet_s": 1e6}})).targets["spot-a"] == 2
+    with pytest.raises(ValueError, match="max_share_quiet"):
+        CostAware(max_share_quiet=0.0)
+
+
+class _Record(Policy):
+    """Cost-aware, remembering each pool's quiet time as the simulator observed it."""
+
+    def __init__(self):
+        self.inner, self.seen = CostAware(), []
+
+    def plan(self, obs):
+        self.seen.append((obs.time, {s.pool.name: s.quiet_s for s in obs.pools}))
+        return self.inner.plan(obs)
+
+
+def test_simulator_reports_each_pools_quiet_time():
+    """quiet_s counts from the run's start, and restarts at a pool's preemption."""
+    scn = _scenario(traces={"spot": load_trace(FIX / "trace_small.json", scale=2)})
+    rec = _Record()
+    run = simulate(scn, rec, "cost")
+    assert run.preemptions > 0
+    first_t, first = rec.seen[0]
+    assert first["od"] == pytest.approx(first_t) and first["spot"] == pytest.approx(first_t)
+    # The trace drops at 1200 s and 1800 s: after them the spot pool's record restarts.
+    later = [(t, q["spot"]) for t, q in rec.seen if 1800 < t < 3000]
+    assert later and all(q < t - 1800 + 1e-6 for t, q in later)
+    assert all(q["od"] == pytest.approx(t) for t, q in rec.seen)
+
+
 def test_cost_aware_holds_while_the_backlog_lasts_and_bootstraps():
     pol = CostAware(headroom=0.0, drain_s=1e9)
     # 2 x 4 = 8 rows/s for 10 needed: 2 rows/s short. A backlog of 250 rows lasts 125 s,
