@@ -261,12 +261,40 @@ def test_dashboard_state_reads_once_per_refresh_for_any_number_of_pages(local_ru
     assert counts == Counter({"metrics": 2, "traj_solver": 2})  # read, found nothing new
     local_run.ledger().log("trainer", "solver", 6, {"reward_mean": 0.75})
     body = client.get(f"/api/state?since={seq}").json()
-    assert body["seq"] == seq + 1 and body["policies"]["solver"]["reward"]["y"][-1] == 0.75
+    # The page holding `seq` gets only the new point, to append; a new page everything.
+    assert body["seq"] == seq + 1 and body["delta"] is True
+    assert body["policies"]["solver"]["reward"] == {"x": [6], "y": [0.75]}
+    assert body["policies"]["solver"]["heldout"] == {"x": [], "y": []}
+    whole = client.get("/api/state").json()
+    assert whole["delta"] is False and whole["policies"]["solver"]["reward"]["y"][-2:] == [
+        0.5, 0.75]
     assert client.get(f"/api/state?since={seq - 1}").json()["seq"] == seq + 1  # a stale page
-    assert counts == Counter({"metrics": 4, "traj_solver": 4})
+    assert counts == Counter({"metrics": 5, "traj_solver": 5})  # refresh_s=0: each get
     state.run_audit()
     assert state.audit["verdict"] == "OK"
     assert client.get(f"/api/state?since={seq + 1}").json()["audit"]["verdict"] == "OK"
+
+
+def test_dashboard_curve_keeps_every_stride_th_point_and_sends_only_new_ones():
+    """A curve past MAX_POINTS keeps every 2^k-th point; a page holding an older
+    thinning (epoch) is sent the curve whole, one holding the current one the tail."""
+    from astraflow.observe.dashboard import MAX_POINTS, Curve
+
+    c, xs = Curve(), list(range(MAX_POINTS))
+    ys = [float(x) for x in xs]
+    c.update(xs, ys)
+    mark = c.mark()
+    assert c.x == xs and c.since(mark) == {"x": [], "y": []}
+    xs += [MAX_POINTS, MAX_POINTS + 1]
+    ys += [float("nan"), 1.0]
+    c.update(xs, ys)  # past MAX_POINTS: every 2nd point kept
+    assert c.stride == 2 and c.x == list(range(0, MAX_POINTS + 2, 2)) and c.since(mark) is None
+    assert c.y[-1] is None  # NaN is no JSON
+    mark = c.mark()
+    xs += [MAX_POINTS + 2, MAX_POINTS + 3]
+    ys += [2.0, 3.0]
+    c.update(xs, ys)
+    assert c.since(mark) == {"x": [MAX_POINTS + 2], "y": [2.0]}
 
 
 class Recorder:

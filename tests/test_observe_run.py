@@ -146,6 +146,8 @@ def test_dashboard_follows_a_live_run_in_a_real_browser(live_run, tmp_path):
             os.kill(trainer, signal.SIGCONT)
             page.wait_for_function(f"({points})() > {seen}")
             assert page.evaluate(points) > seen
+            # The page drew the curve once and then appended the new points (a delta).
+            assert page.evaluate("() => Number(document.body.dataset.deltas || 0)") >= 1
             state.run_audit()  # the verdict shows on the next poll
             page.wait_for_function(
                 "() => document.getElementById('audit').textContent !== 'pending'")

@@ -7,14 +7,19 @@
                                       only the fragments written since the last one
                                                │ anything new? (the view's stamp)
                                                ▼
-                                      build + encode the JSON once, SEQ += 1
+                                      SEQ += 1; each curve appends its new points
+    page holds SEQ      ──► {"seq", "unchanged": true}            (a few bytes)
+    page holds SEQ - k  ──► the points added since, to append      (Plotly.extendTraces)
+    a new page          ──► every curve, to draw                   (Plotly.react)
     audit thread ──every audit_every_s──► astraflow.audit (its own cadence: it
                                           verifies every weight version's sha256)
 
 Any number of open pages share one refresh per `refresh_s`, and a page nobody
-looks at costs the store nothing. The JSON is built only when a refresh found
-something new, and a page that already holds the newest (its `since` is SEQ) gets
-a few bytes back and redraws nothing: polling faster than the store changes costs
+looks at costs the store nothing. Why deltas: a page left open on a long run would
+otherwise get (and the server build, encode and send) every curve whole on each
+change, and redraw it; now a change costs what its new points cost, early or late
+in a run. A page that already holds the newest state (its `since` is SEQ) gets a
+few bytes back and redraws nothing: polling faster than the store changes costs
 neither the server nor the browser. FastAPI serves the page; the charts are
 plotly.js, served from the copy inside the `plotly` wheel (no CDN: the page
 works on a machine with no internet).
@@ -38,9 +43,12 @@ from astraflow.run import RunContext
 
 log = logging.getLogger("astraflow.observe")
 STATIC = Path(__file__).parent / "static"
-#: Points per curve sent to the page: longer curves are thinned evenly (the newest kept),
-#: so a refresh costs the same at step 100 and at step 100,000.
+#: Points per curve held by the page: a longer curve keeps every `stride`-th point,
+#: the stride doubling as the run grows, so a refresh costs the same at step 100 and
+#: at step 100,000 (the newest values are on the page's cards, unthinned).
 MAX_POINTS = 500
+#: States a page may lag behind and still get only what it lacks (else: everything).
+DELTAS = 64
 
 
 def plotly_js() -> Path:
@@ -57,16 +65,53 @@ def _finite(v: Any) -> Any:
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def _xy(s, x: str = "steps") -> dict[str, list]:
-    xs, ys = getattr(s, x), s.values
-    if len(xs) > MAX_POINTS:
-        idx = [round(i * (len(xs) - 1) / (MAX_POINTS - 1)) for i in range(MAX_POINTS)]
-        xs, ys = [xs[i] for i in idx], [ys[i] for i in idx]
-    return {"x": list(xs), "y": [_finite(v) for v in ys]}
+class Curve:
+    """One series as the page draws it: every `stride`-th point, kept incrementally.
+
+    Why a stride, not "thin the whole series evenly on each refresh": the points
+    kept never change until the stride doubles (rarely: log2(steps / MAX_POINTS)
+    times in a run), so a page holding the curve needs only the points appended
+    since, and the server never re-walks the history. `epoch` counts the doublings:
+    a page that drew an older epoch is sent the curve whole.
+    """
+
+    def __init__(self) -> None:
+        self.x: list = []
+        self.y: list = []
+        self.seen = 0  # points of the series looked at
+        self.stride = 1
+        self.epoch = 0
+
+    def update(self, xs: list, ys: list) -> None:
+        for i in range(self.seen, len(ys)):
+            if i % self.stride == 0:
+                self.x.append(xs[i])
+                self.y.append(_finite(ys[i]))
+        self.seen = len(ys)
+        while len(self.x) > MAX_POINTS:
+            self.stride *= 2
+            self.x, self.y = self.x[::2], self.y[::2]  # index % (2 * stride) == 0
+            self.epoch += 1
+
+    def mark(self) -> tuple[int, int]:
+        """What a page holding the current state holds of this curve."""
+        return self.epoch, len(self.x)
+
+    def since(self, mark: tuple[int, int] | None) -> dict[str, list] | None:
+        """The points after `mark`, or None when the page must draw the curve anew."""
+        if mark is None or mark[0] != self.epoch:
+            return None
+        return {"x": self.x[mark[1]:], "y": self.y[mark[1]:]}
+
+
+#: (chart id part, component, metric) of the curves drawn per policy.
+CURVES = (("reward", "trainer", "reward_mean"), ("heldout", "eval", "heldout_accuracy"),
+          ("staleness", "trainer", "staleness_mean"),
+          ("trainer_wait", "trainer", "trainer_wait_s"))
 
 
 class State:
-    """The page's data, rebuilt from at most one store refresh per `refresh_s`."""
+    """The page's data, refreshed from at most one store read per `refresh_s`."""
 
     def __init__(self, ctx: RunContext, *, refresh_s: float = 5.0, audit_every_s: float = 120.0,
                  episodes: int = 8):
@@ -75,33 +120,53 @@ class State:
         self.refresh_s = refresh_s
         self.audit_every_s = audit_every_s
         self._lock = threading.Lock()
-        self._json: bytes = b""
-        self._built = 0.0
+        self._read = 0.0
         self._stamp: Any = None
         self.seq = 0
-        """Counts the distinct states built; a page sends the one it holds as `since`."""
+        """Counts the distinct states; a page sends the one it holds as `since`."""
+        self.curves: dict[tuple[str, str], Curve] = {
+            (p, name): Curve() for p in self.view.policies for name, *_ in CURVES}
+        self._marks: dict[int, dict[tuple[str, str], tuple[int, int]]] = {}
+        """seq -> what a page holding it holds of each curve (the last DELTAS states)."""
+        self._answers: dict[int | None, bytes] = {}  # since -> JSON, for the current seq
         self._codecs: dict[str, Any] = {}
         self._episodes: dict[str, dict[str, Any]] = {}  # traj_id -> decoded, for the page
         self.audit: dict[str, Any] = {"verdict": "pending", "checked_at": None, "policies": {}}
         self.t0: float | None = None
 
     def get(self, since: int | None = None) -> bytes:
-        """The page's state as JSON, or `{"seq", "unchanged": true}` when the asking page
-        already holds state `since` and nothing newer exists."""
+        """The page's state as JSON: `{"seq", "unchanged": true}` when the asking page
+        already holds state `since` and nothing newer exists; the points added since
+        (`"delta": true`) when it holds a recent one; else everything."""
         with self._lock:
-            if not self._json or time.time() - self._built >= self.refresh_s:
+            if not self.seq or time.time() - self._read >= self.refresh_s:
                 self.view.refresh()
-                self._built = time.time()
+                self._read = time.time()
                 stamp = self.stamp()
                 if stamp != self._stamp:
-                    self.seq += 1
-                    self._json = json.dumps({**self.build(), "seq": self.seq},
-                                            default=str).encode()
+                    self._advance()
                     self._stamp = stamp
             if since == self.seq:
                 return json.dumps({"seq": self.seq, "unchanged": True,
                                    "refreshed_at": self.view.refreshed_at}).encode()
-            return self._json
+            key = since if since in self._marks else None
+            if key not in self._answers:  # built once per state for every page like it
+                self._answers[key] = json.dumps({**self.build(self._marks.get(key)),
+                                                 "seq": self.seq}, default=str).encode()
+            return self._answers[key]
+
+    def _advance(self) -> None:
+        """A new state: the curves take their new points; what a page holding the
+        previous state holds is remembered, so it can be sent only what it lacks."""
+        v = self.view
+        for (p, name), curve in self.curves.items():
+            comp, metric = next((c, m) for n, c, m in CURVES if n == name)
+            s = v.get(comp, p, metric)
+            curve.update(s.steps, s.values)
+        self.seq += 1
+        self._marks[self.seq] = {k: c.mark() for k, c in self.curves.items()}
+        self._marks.pop(self.seq - DELTAS, None)
+        self._answers.clear()
 
     def stamp(self) -> tuple:
         """Everything the page shows depends on: equal stamps, equal pages."""
@@ -136,23 +201,24 @@ class State:
                 "prompt": self._decode(policy, r["prompt_ids"]),
                 "completion": self._decode(policy, r["completion_ids"])}
 
-    def build(self) -> dict[str, Any]:
+    def build(self, marks: dict[tuple[str, str], tuple[int, int]] | None = None
+              ) -> dict[str, Any]:
+        """The page's state; each curve whole, or, given what a page holds of them
+        (`marks`), only the points after those (then `"delta": true`)."""
         v, flow = self.view, self.ctx.flow
         starts = [pr.times[0] for pr in v.rows.values() if pr.times]
         starts += [s.times[0] for s in v.series.values() if s.times]
         if starts and self.t0 is None:
             self.t0 = min(starts)
         t0 = self.t0 or time.time()
+        parts = {k: c.since(marks[k]) if marks else None for k, c in self.curves.items()}
+        delta = all(x is not None for x in parts.values())
         policies = {}
         for p in v.policies:
-            g = v.get
-            policies[p] = {
-                "summary": {k: _finite(x) for k, x in policy_summary(v, p).items()},
-                "reward": _xy(g("trainer", p, "reward_mean")),
-                "heldout": _xy(g("eval", p, "heldout_accuracy")),
-                "staleness": _xy(g("trainer", p, "staleness_mean")),
-                "trainer_wait": _xy(g("trainer", p, "trainer_wait_s")),
-            }
+            policies[p] = {"summary": {k: _finite(x) for k, x in policy_summary(v, p).items()}}
+            for name, *_ in CURVES:
+                c = self.curves[(p, name)]
+                policies[p][name] = parts[(p, name)] if delta else {"x": c.x, "y": c.y}
         pools = {pool: {"t": [x - t0 for x in ts], "n": ns}
                  for pool, (ts, ns) in v.workers_per_pool().items()}
         eps = []
@@ -162,7 +228,7 @@ class State:
         self._episodes = {e["traj_id"]: e for e in eps}  # decoded once, kept while shown
         eps.sort(key=lambda e: -e["created_at"])
         return {"flow": flow.name, "mode": flow.mode, "store": self.ctx.store_uri,
-                "refreshed_at": v.refreshed_at, "refreshes": v.refreshes,
+                "refreshed_at": v.refreshed_at, "refreshes": v.refreshes, "delta": delta,
                 "policies": policies, "pools": pools, "episodes": eps[:8],
                 "audit": self.audit, "components": v.components}
 

@@ -1,0 +1,89 @@
+"""CPU per dashboard refresh, replayed on a copy of a run: no load can blur it.
+
+    python benchmarks/dashboard_refresh.py RUN [--steps 35] [--cycles 6] [--profile]
+
+Copies RUN (a finished run folder, e.g. runs/bench/bench-dashboard left by
+benchmarks/dashboard.py) to a temporary folder, opens the dashboard's State on it,
+then replays a live run: per cycle, `--steps` trainer steps' worth of commits (per
+step one trainer metrics commit, one rollout+worker metrics commit and one
+trajectory commit of 32 rows, as the math flow writes; 35 steps = 5 s of the
+benchmark's run at 7 steps/s, one default `--refresh`), then one State.get(since)
+as the page sends it. Prints the process CPU per refresh (store read, curves, JSON)
+and per fragment read, and per "unchanged" poll. CPU time, not wall time: on a
+loaded machine it is what the dashboard takes from others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from astraflow.observe.dashboard import State
+from astraflow.run import RunContext
+from astraflow.stores import _lance
+
+TRAINER = ["reward_mean", "trainer_wait_s", "rows_read", "rows_used", "rows_dropped_stale",
+           "staleness_mean", "loss", "clip_frac", "ratio_mean", "approx_kl", "dual_clip_frac",
+           "tokens", "grad_norm", "entropy", "step_time_s", "weight_version"]
+ROLLOUT = ["gen_s", "env_wait_s", "append_s", "batch_s", "backpressure_s", "rows", "rows_shed",
+           "reload_s", "reward_mean", "truncated_frac", "tool_s"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--steps", type=int, default=35, help="trainer steps between refreshes")
+    ap.add_argument("--cycles", type=int, default=6)
+    ap.add_argument("--profile", action="store_true", help="print cProfile's top 30")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / args.run.name
+        shutil.copytree(args.run, run, ignore=shutil.ignore_patterns("tensorboard"))
+        ctx = RunContext.open(run)
+        led, table = ctx.ledger(), ctx.trajectories().table("solver")
+        rows = _lance.latest_dataset(table).to_table(limit=32)
+        rows = rows.select([f.name for f in table.schema])
+        state = State(ctx, refresh_s=0, audit_every_s=0)
+        state.get()  # the whole history once, as a page's first load
+        prof, per, idle, step = cProfile.Profile(), [], [], 10**6
+        for _ in range(args.cycles):
+            for _ in range(args.steps):
+                step += 1
+                led.log("trainer", "solver", step, dict.fromkeys(TRAINER, 0.5))
+                led.log_many("rollout", [("solver", step, dict.fromkeys(ROLLOUT, 0.1))],
+                             [("worker", "w0", step, {"worker_rows": 32})])
+                now = pa.array([int(time.time() * 1e6)] * len(rows), pa.int64()).cast(
+                    pa.timestamp("us", tz="UTC"))
+                r = rows.set_column(rows.schema.get_field_index("created_at"), "created_at", now)
+                r = r.set_column(0, "traj_id", pa.array([f"t{step}-{i}" for i in range(len(r))]))
+                _lance.append(table, r, where="replay")
+            c = time.process_time()
+            if args.profile:
+                prof.enable()
+            state.get(state.seq)
+            if args.profile:
+                prof.disable()
+            per.append(time.process_time() - c)
+            c = time.process_time()
+            state.get(state.seq)  # nothing new: what a poll costs between commits
+            idle.append(time.process_time() - c)
+    frags = 3 * args.steps
+    med = statistics.median(per)
+    print(f"CPU per refresh after {args.steps} steps ({frags} fragments): median "
+          f"{1e3 * med:.1f} ms ({1e3 * med / frags:.2f} ms per fragment), cycles "
+          f"{', '.join(f'{1e3 * x:.0f}' for x in per)} ms; a refresh that found nothing: "
+          f"{1e3 * statistics.median(idle):.1f} ms")
+    if args.profile:
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+
+
+if __name__ == "__main__":
+    main()
