@@ -20,7 +20,8 @@ Three rules, each with the reason it exists:
     than `max_pool_share` of the demand, a third by default (a hedge: losing any one
     pool leaves two thirds of the demand supplied while replacements start, and fewer
     workers to relaunch); optionally (`share_doubling_s`) a pool earns a larger share by
-    going without preemptions and falls back to the third at the next one; running workers move to a cheaper pool when the
+    going without preemptions and falls back to the third at the next one; running
+    workers move to a cheaper pool when the
     saving over the rest of the run pays for the new one's cold start; on-demand fills
     what spot cannot and is the floor when the deadline is at risk.
 """

@@ -146,13 +146,18 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
     def end(k: _Worker, t: float) -> None:
         k.ended = t
 
+    def preempt(k: _Worker, t: float) -> None:
+        """A worker lost to the cloud at `t`, by its drawn lifetime or its trace:
+        ended, counted, and in its pool's record (`preemptions_1h`, `quiet_s`)."""
+        k.preempted = True
+        end(k, t)
+        preempt_t[k.pool.name].append(t)
+
     def worker(k: _Worker) -> Generator[float | _Wait, None, None]:
         p = k.pool
         yield min(p.cold_start_s, max(k.death - eng.now, 0.0))
         if eng.now >= k.death:
-            k.preempted = True
-            preempt_t[p.name].append(k.death)
-            return end(k, k.death)
+            return preempt(k, k.death)
         if k.ended is not None:
             return
         k.productive = eng.now
@@ -164,9 +169,7 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
                         scn.worker_poll_s)
             k.blocked_s += eng.now - t0
             if eng.now >= k.death:
-                k.preempted = True
-                preempt_t[p.name].append(min(max(k.death, t0), eng.now))
-                return end(k, min(max(k.death, t0), eng.now))
+                return preempt(k, min(max(k.death, t0), eng.now))
             if k.ended is not None:
                 return
             if k.retiring or finished():
@@ -176,9 +179,7 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
             if k.ended is not None or eng.now >= k.death:  # preempted mid-batch: lost
                 lost[0] += w.batch_rows
                 if k.ended is None:
-                    k.preempted = True
-                    preempt_t[p.name].append(k.death)
-                    end(k, k.death)
+                    preempt(k, k.death)
                 return
             backlog.append((eng.now, v0))
             k.rows += w.batch_rows
@@ -231,9 +232,7 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
             cap = tr.capacity(eng.now)
             alive = sorted(live(pool), key=lambda k: -k.launched)
             for k in alive[:max(len(alive) - cap, 0)]:
-                k.preempted = True
-                end(k, eng.now)  # a batch in flight is counted lost when it returns
-                preempt_t[pool].append(eng.now)
+                preempt(k, eng.now)  # a batch in flight is counted lost when it returns
             yield tr.gap_s - (eng.now % tr.gap_s) if eng.now % tr.gap_s else tr.gap_s
 
     def cost_so_far(t: float) -> float:

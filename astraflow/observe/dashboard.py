@@ -108,6 +108,7 @@ class Curve:
 CURVES = (("reward", "trainer", "reward_mean"), ("heldout", "eval", "heldout_accuracy"),
           ("staleness", "trainer", "staleness_mean"),
           ("trainer_wait", "trainer", "trainer_wait_s"))
+_SOURCE = {name: (comp, metric) for name, comp, metric in CURVES}
 
 
 class State:
@@ -160,7 +161,7 @@ class State:
         previous state holds is remembered, so it can be sent only what it lacks."""
         v = self.view
         for (p, name), curve in self.curves.items():
-            comp, metric = next((c, m) for n, c, m in CURVES if n == name)
+            comp, metric = _SOURCE[name]
             s = v.get(comp, p, metric)
             curve.update(s.steps, s.values)
         self.seq += 1

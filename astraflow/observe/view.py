@@ -128,7 +128,7 @@ class RunView:
         if new is None:
             return
         # Column-wise, not as a dict per row: a refresh brings ~25 rows per trainer step.
-        new = new.sort_by([(_lance.CREATED_AT_VERSION, "ascending"), ("time", "ascending")])
+        new = sort_metrics(new)
         cols = [new.column(c).to_pylist()
                 for c in ("component", "policy", "name", "step", "time", "value")]
         series = self.series
@@ -204,8 +204,12 @@ class RunView:
         return dict(out)
 
 
+def sort_metrics(table: pa.Table) -> pa.Table:
+    """Metrics rows (as `metrics_after` reads them, with their commit version) in
+    commit order, then time: the order they were logged in. A stable sort."""
+    return table.sort_by([(_lance.CREATED_AT_VERSION, "ascending"), ("time", "ascending")])
+
+
 def sorted_rows(table: pa.Table) -> list[dict[str, Any]]:
-    """Metrics rows in commit order (then time): the order they were logged in."""
-    rows = table.to_pylist()
-    rows.sort(key=lambda r: (r.get(_lance.CREATED_AT_VERSION, 0), r["time"]))
-    return rows
+    """`sort_metrics` as one dict per row (the metric sinks' reader)."""
+    return sort_metrics(table).to_pylist()
