@@ -17,7 +17,7 @@ from tests.test_integration import FLOW
 
 KILL_FLOW = {**FLOW, "name": "kill",
              "trainer": {"checkpoint_every": 4},
-             "stop": {**FLOW["stop"], "max_steps": 70, "max_minutes": 6}}
+             "stop": {**FLOW["stop"], "max_steps": 30, "max_minutes": 6}}
 
 
 def progress_step(run: Path) -> int:
@@ -81,7 +81,7 @@ def paused_trainer(gate: Path, policy: str, step: int, timeout: float) -> int:
 #: Trainer kills land where the test hook holds the trainer: after these steps, each
 #: mid-interval (checkpoints follow steps 3, 7, 11, ...: every 4th), so each loses steps
 #: the successor must roll back and train again -- exactly one rollback per kill.
-TRAINER_KILLS = (6, 25, 45)
+TRAINER_KILLS = (6, 13, 21)
 
 
 @pytest.mark.slow
@@ -93,8 +93,8 @@ def test_sigkill_trainer_and_workers_mid_run(tmp_path):
         "ASTRAFLOW_TEST_GATE": str(gate)})
     killed: list[str] = []
     try:
-        for victim, at_step in [("trainer-solver", 6), ("rollout-w0", 15), ("trainer-solver", 25),
-                                ("rollout-w1", 35), ("trainer-solver", 45)]:
+        for victim, at_step in [("trainer-solver", 6), ("rollout-w0", 10), ("trainer-solver", 13),
+                                ("rollout-w1", 17), ("trainer-solver", 21)]:
             if victim == "trainer-solver":  # held at the hook: killed at exactly this step
                 pid = paused_trainer(gate, "solver", at_step, 240)
                 assert pid == pid_of(run, victim) and progress_step(run) == at_step
@@ -117,8 +117,8 @@ def test_sigkill_trainer_and_workers_mid_run(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     counts = json.loads(audit.stdout)["policies"]["solver"]
-    assert counts["steps"] == 70 and counts["duplicate_rows"] == 0 and counts["violations"] == 0
-    # Each kill voided the steps since the newest checkpoint: 6-4+1, 25-24+1, 45-44+1.
+    assert counts["steps"] == 30 and counts["duplicate_rows"] == 0 and counts["violations"] == 0
+    # Each kill voided the steps since the newest checkpoint: 6-4+1, 13-12+1, 21-20+1.
     assert counts["rollbacks"] == 3 and counts["voided_steps"] == 3 + 2 + 2
     assert counts["rows_up_to_final_cursor"] == (counts["rows_trained"] + counts["rows_dropped_stale"]
                                                  + counts["rows_dropped_filtered"])
@@ -151,7 +151,7 @@ def test_sigkill_the_launcher_then_run_again(tmp_path):
     """The launcher is a component too: SIGKILL it mid-run. Its components notice and
     stop (no orphans left to race a second trainer); running the flow again resumes the
     run folder and finishes it with a clean audit."""
-    flow_d = {**KILL_FLOW, "name": "relaunch", "stop": {**KILL_FLOW["stop"], "max_steps": 40}}
+    flow_d = {**KILL_FLOW, "name": "relaunch", "stop": {**KILL_FLOW["stop"], "max_steps": 24}}
     flow = tmp_path / "relaunch.yaml"
     flow.write_text(yaml.safe_dump(flow_d))
     run = tmp_path / "runs" / "relaunch"
@@ -159,7 +159,7 @@ def test_sigkill_the_launcher_then_run_again(tmp_path):
     first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)
     try:
-        wait_until(lambda: progress_step(run) >= 10, 240, "step 10")
+        wait_until(lambda: progress_step(run) >= 6, 240, "step 6")
         pids = [pid_of(run, n) for n in ("trainer-solver", "rollout-w0", "rollout-w1")]
         assert all(pids)
         os.killpg(first.pid, signal.SIGKILL)  # the launcher alone: components have their own sessions
@@ -177,15 +177,15 @@ def test_sigkill_the_launcher_then_run_again(tmp_path):
 
         wait_until(gone, 30, "the orphaned components to stop by themselves")
         stalled_at = progress_step(run)
-        assert stalled_at < 39
+        assert stalled_at < 23
     finally:
         stop_run(first, run)
     second = subprocess.run(argv, capture_output=True, text=True, timeout=400)
     assert second.returncode == 0, second.stdout + second.stderr
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["stop_reason"] == "max_steps" and summary["ledger"]["steps"] == 40
+    assert summary["stop_reason"] == "max_steps" and summary["ledger"]["steps"] == 24
     audit = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run), "--json"],
                            capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     counts = json.loads(audit.stdout)["policies"]["solver"]
-    assert counts["steps"] == 40 and counts["duplicate_rows"] == 0 and counts["violations"] == 0
+    assert counts["steps"] == 24 and counts["duplicate_rows"] == 0 and counts["violations"] == 0

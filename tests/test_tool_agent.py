@@ -18,7 +18,7 @@ import pytest
 
 from astraflow.envs import build_env, resolve_env
 from astraflow.envs.base import Limits, Task, ToolResult
-from astraflow.envs.search import SearchEnv
+from astraflow.envs.search import RELATIONS, SearchEnv
 from astraflow.flow import parse_flow
 from astraflow.models.tokenizer import CharCodec
 from astraflow.rollout.engine import Generation
@@ -26,6 +26,7 @@ from astraflow.workflows.tool_agent import ToolAgent
 from astraflow.workload import make_env, make_workflow
 
 CODEC = CharCodec.default("ascii")
+RELATIONS_TEXT = {r: fact for r, (_, fact) in RELATIONS.items()}
 
 
 # -- a small env defined here (also used through `module:attr`) --------------------
@@ -277,6 +278,26 @@ def test_search_env_index_tool_reward_and_heldout_split():
     own = "".join(CODEC.decode([i]) for i, m in zip(d.target_ids, d.target_mask, strict=True) if m)
     assert seq.startswith("<call>search ") and "<tool>" in seq and seq.endswith("</answer>")
     assert "<tool>" not in own and own.startswith("<call>search ")
+
+
+def test_search_value_pool_draws_values_from_few_names_and_keeps_the_unique_corpus():
+    from astraflow.envs.search import make_corpus
+
+    pooled = make_corpus(5, 60, value_pool=7)
+    for rel in ("capital", "river", "leader"):
+        values = [f.value for f in pooled if f.relation == rel]
+        assert len(values) == 60 and 4 <= len(set(values)) <= 7  # drawn, not all the same
+    names = {f.entity for f in pooled} | {f.value for f in pooled}
+    assert len({f.entity for f in pooled}) == 60 and len(names) <= 60 + 21
+    unique = make_corpus(5, 60)
+    assert len({f.value for f in unique}) == 180  # the default: every value a fresh name
+    assert make_corpus(5, 60) == unique and make_corpus(5, 60, value_pool=7) == pooled
+    with pytest.raises(ValueError, match="value_pool"):
+        make_corpus(5, 60, value_pool=-1)
+    env = SearchEnv(seed=5, entities=60, value_pool=7, top_k=1)
+    t = env.eval_tasks(5)[0]
+    hit = env.tools["search"](t, f"{t.data['relation']} {t.data['entity']}")
+    assert hit.output == f"{RELATIONS_TEXT[t.data['relation']].format(e=t.data['entity'], v=t.answer)}"
 
 
 @pytest.fixture

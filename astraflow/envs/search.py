@@ -2,7 +2,8 @@
 
 The corpus is generated from a seed: `entities` invented countries, each with a
 capital, a river and a leader, one sentence per fact ("The capital of Velmora
-is Tarsk."). The names are invented, so no model knows an answer beforehand
+is Tarsk."); values are unique names, or drawn per relation from `value_pool`
+names (see `make_corpus`). The names are invented, so no model knows an answer beforehand
 and every answer is checkable. A question asks one fact ("What is the capital
 of Velmora?"); the model calls `<call>search QUERY</call>`, reads the top
 results and replies `<answer>Tarsk</answer>`; reward 1 for an exact match
@@ -64,8 +65,17 @@ class Fact:
         return RELATIONS[self.relation][1].format(e=self.entity, v=self.value)
 
 
-def make_corpus(seed: int, entities: int) -> list[Fact]:
-    """`entities` invented countries × every relation, names unique across the corpus."""
+def make_corpus(seed: int, entities: int, value_pool: int = 0) -> list[Fact]:
+    """`entities` invented countries × every relation.
+
+    `value_pool` 0: every value is a fresh invented name, unique across the corpus, so
+    the only way to answer is to copy it from the search result. `value_pool` N: each
+    relation's values are drawn from N invented names (a country's capital is one of N
+    capitals), the way the SQL workload's rows come from fixed name and city lists: a
+    1 M-parameter character model learns to pick a name it has seen from the result far
+    sooner than to copy an arbitrary string (its warm start stayed at 0% validation
+    success for 800 steps with unique values). The value of a (relation, country) pair
+    is still random, so only the tool knows it; a guess is right 1 time in N."""
     rng = random.Random(seed)
     used: set[str] = set()
 
@@ -77,11 +87,15 @@ def make_corpus(seed: int, entities: int) -> list[Fact]:
                 used.add(s)
                 return s.capitalize()
 
+    if value_pool < 0:
+        raise ValueError(f"value_pool must be >= 0, got {value_pool}")
+    pools = {rel: [name(2, True) for _ in range(value_pool)] for rel in RELATIONS} \
+        if value_pool else {}
     facts = []
     for _ in range(entities):
         e = name(3, False)
         for rel in RELATIONS:
-            facts.append(Fact(rel, e, name(2, True)))
+            facts.append(Fact(rel, e, rng.choice(pools[rel]) if pools else name(2, True)))
     return facts
 
 
@@ -137,7 +151,7 @@ class SearchEnv:
     name = "search"
 
     def __init__(self, seed: int = 0, entities: int = 400, heldout_fraction: float = 0.2,
-                 top_k: int = 2, max_result_chars: int = 120, max_turns: int = 3,
+                 value_pool: int = 0, top_k: int = 2, max_result_chars: int = 120, max_turns: int = 3,
                  max_context_tokens: int | None = None, episode_timeout_s: float | None = 60.0,
                  tool_timeout_s: float = 10.0, relations: list[str] | None = None):
         if not 0 < heldout_fraction < 1:
@@ -147,7 +161,7 @@ class SearchEnv:
         if unknown:
             raise ValueError(f"unknown relations {unknown}: known are {sorted(RELATIONS)}")
         self.seed, self.heldout_fraction, self.relations = seed, heldout_fraction, rels
-        self.facts = make_corpus(seed, entities)
+        self.facts = make_corpus(seed, entities, value_pool)
         self._by_id = {f"{f.relation}:{f.entity}": f for f in self.facts if f.relation in rels}
         self._ids = sorted(self._by_id)
         self.tools: Mapping[str, Tool] = {
