@@ -300,6 +300,27 @@ def test_search_value_pool_draws_values_from_few_names_and_keeps_the_unique_corp
     assert hit.output == f"{RELATIONS_TEXT[t.data['relation']].format(e=t.data['entity'], v=t.answer)}"
 
 
+def test_search_worlds_give_one_question_several_answers_and_search_sees_its_own():
+    from astraflow.envs.search import make_corpus
+
+    env = SearchEnv(seed=2, entities=10, value_pool=20, worlds=4, top_k=3)
+    assert len(env.facts) == 4 * 10 * 3 and len({f.entity for f in env.facts}) == 10
+    tasks = [env._task(t) for t in env._ids]
+    by_q: dict[str, set[str]] = {}
+    for t in tasks:
+        by_q.setdefault(t.prompt, set()).add(t.answer)
+    assert len(by_q) == 30 and sum(len(a) > 1 for a in by_q.values()) >= 25  # not memorisable
+    for t in tasks[:12]:  # a search sees only the task's own edition
+        out = env.tools["search"](t, f"{t.data['relation']} {t.data['entity']}").output
+        assert out.split("\n")[0].endswith(f" is {t.answer}.")
+        others = {f.text for f in env.facts if f.world != t.data["world"]} - \
+            {f.text for f in env.facts if f.world == t.data["world"]}
+        assert not set(out.split("\n")) & others
+    assert make_corpus(2, 10, 20, 1) == make_corpus(2, 10, 20)  # one world: as before
+    with pytest.raises(ValueError, match="worlds"):
+        make_corpus(2, 10, 20, 0)
+
+
 @pytest.fixture
 def search_policy_dir(tmp_path):
     """A tiny ascii model warm-started on search demonstrations until its greedy play

@@ -3,7 +3,8 @@
 The corpus is generated from a seed: `entities` invented countries, each with a
 capital, a river and a leader, one sentence per fact ("The capital of Velmora
 is Tarsk."); values are unique names, or drawn per relation from `value_pool`
-names (see `make_corpus`). The names are invented, so no model knows an answer beforehand
+names, in one world or several editions with their own values (`worlds`; see
+`make_corpus`). The names are invented, so no model knows an answer beforehand
 and every answer is checkable. A question asks one fact ("What is the capital
 of Velmora?"); the model calls `<call>search QUERY</call>`, reads the top
 results and replies `<answer>Tarsk</answer>`; reward 1 for an exact match
@@ -59,14 +60,15 @@ class Fact:
     relation: str
     entity: str
     value: str
+    world: int = 0
 
     @property
     def text(self) -> str:
         return RELATIONS[self.relation][1].format(e=self.entity, v=self.value)
 
 
-def make_corpus(seed: int, entities: int, value_pool: int = 0) -> list[Fact]:
-    """`entities` invented countries × every relation.
+def make_corpus(seed: int, entities: int, value_pool: int = 0, worlds: int = 1) -> list[Fact]:
+    """`entities` invented countries × every relation, in each of `worlds` editions.
 
     `value_pool` 0: every value is a fresh invented name, unique across the corpus, so
     the only way to answer is to copy it from the search result. `value_pool` N: each
@@ -75,7 +77,15 @@ def make_corpus(seed: int, entities: int, value_pool: int = 0) -> list[Fact]:
     1 M-parameter character model learns to pick a name it has seen from the result far
     sooner than to copy an arbitrary string (its warm start stayed at 0% validation
     success for 800 steps with unique values). The value of a (relation, country) pair
-    is still random, so only the tool knows it; a guess is right 1 time in N."""
+    is still random, so only the tool knows it; a guess is right 1 time in N.
+
+    `worlds` W > 1: the same countries in W editions of the encyclopedia, each with its
+    own values; a task belongs to one edition and its search sees only that one. The
+    question does not say which, so one question has W answers and only reading the
+    result pays, as in the SQL workload, where the question does not name its
+    database. With one world a small model can memorise the training questions'
+    answers instead (measured: 75-100% sampled reward on training questions while
+    held-out success stayed at 30-36% over 12 minutes of RL)."""
     rng = random.Random(seed)
     used: set[str] = set()
 
@@ -89,13 +99,22 @@ def make_corpus(seed: int, entities: int, value_pool: int = 0) -> list[Fact]:
 
     if value_pool < 0:
         raise ValueError(f"value_pool must be >= 0, got {value_pool}")
+    if worlds < 1:
+        raise ValueError(f"worlds must be >= 1, got {worlds}")
     pools = {rel: [name(2, True) for _ in range(value_pool)] for rel in RELATIONS} \
         if value_pool else {}
     facts = []
-    for _ in range(entities):
-        e = name(3, False)
-        for rel in RELATIONS:
-            facts.append(Fact(rel, e, rng.choice(pools[rel]) if pools else name(2, True)))
+    if worlds == 1:  # the single-world corpus draws exactly what it always drew
+        for _ in range(entities):
+            e = name(3, False)
+            for rel in RELATIONS:
+                facts.append(Fact(rel, e, rng.choice(pools[rel]) if pools else name(2, True)))
+        return facts
+    names = [name(3, False) for _ in range(entities)]
+    for w in range(worlds):
+        for e in names:
+            for rel in RELATIONS:
+                facts.append(Fact(rel, e, rng.choice(pools[rel]) if pools else name(2, True), w))
     return facts
 
 
@@ -113,6 +132,7 @@ class SearchTool:
 
     def __init__(self, facts: list[Fact], *, top_k: int, max_chars: int, timeout_s: float):
         self.facts, self.top_k, self.max_chars, self.timeout_s = facts, top_k, max_chars, timeout_s
+        self.worlds = 1 + max((f.world for f in facts), default=0)
         self._lock = threading.Lock()
         self._table = None
         self._pid: int | None = None
@@ -127,7 +147,7 @@ class SearchTool:
 
                 self._tmp = tempfile.TemporaryDirectory(prefix="astraflow-search-")
                 db = lancedb.connect(self._tmp.name)
-                tbl = db.create_table("facts", data=[{"id": i, "text": f.text}
+                tbl = db.create_table("facts", data=[{"id": i, "world": f.world, "text": f.text}
                                                      for i, f in enumerate(self.facts)])
                 tbl.create_index("text", config=FTS())
                 self._table, self._pid = tbl, os.getpid()
@@ -139,8 +159,10 @@ class SearchTool:
         if not query:
             return ToolResult("error: empty query", error="empty_query",
                               seconds=time.monotonic() - t0)
-        hits = (self.table().search(query, query_type="fts").limit(self.top_k)
-                .select(["text", "_score"]).to_list())
+        search = self.table().search(query, query_type="fts")
+        if self.worlds > 1:  # the task's edition only (a task's data names its world)
+            search = search.where(f"world = {int(task.data['world'])}", prefilter=True)
+        hits = search.limit(self.top_k).select(["text", "_score"]).to_list()
         out = "\n".join(h["text"][: self.max_chars] for h in hits) or "no results"
         return ToolResult(out, seconds=time.monotonic() - t0)
 
@@ -151,7 +173,7 @@ class SearchEnv:
     name = "search"
 
     def __init__(self, seed: int = 0, entities: int = 400, heldout_fraction: float = 0.2,
-                 value_pool: int = 0, top_k: int = 2, max_result_chars: int = 120, max_turns: int = 3,
+                 value_pool: int = 0, worlds: int = 1, top_k: int = 2, max_result_chars: int = 120, max_turns: int = 3,
                  max_context_tokens: int | None = None, episode_timeout_s: float | None = 60.0,
                  tool_timeout_s: float = 10.0, relations: list[str] | None = None):
         if not 0 < heldout_fraction < 1:
@@ -161,8 +183,9 @@ class SearchEnv:
         if unknown:
             raise ValueError(f"unknown relations {unknown}: known are {sorted(RELATIONS)}")
         self.seed, self.heldout_fraction, self.relations = seed, heldout_fraction, rels
-        self.facts = make_corpus(seed, entities, value_pool)
-        self._by_id = {f"{f.relation}:{f.entity}": f for f in self.facts if f.relation in rels}
+        self.facts = make_corpus(seed, entities, value_pool, worlds)
+        self._by_id = {(f"w{f.world}:" if worlds > 1 else "") + f"{f.relation}:{f.entity}": f
+                       for f in self.facts if f.relation in rels}
         self._ids = sorted(self._by_id)
         self.tools: Mapping[str, Tool] = {
             "search": SearchTool(self.facts, top_k=top_k, max_chars=max_result_chars,
@@ -180,7 +203,7 @@ class SearchEnv:
     def _task(self, task_id: str) -> Task:
         f = self._by_id[task_id]
         return Task(task_id, RELATIONS[f.relation][0].format(e=f.entity), f.value,
-                    {"relation": f.relation, "entity": f.entity})
+                    {"relation": f.relation, "entity": f.entity, "world": f.world})
 
     def sample(self, rng: random.Random) -> Task:
         while True:
