@@ -4,10 +4,12 @@
 
 One real run of a small math flow (launcher, trainer and worker processes on this
 machine) with `astraflow dashboard` serving it from its own process. Once the
-trainer steps, time is cut into pairs of windows: one with no page open, one with a
-page open (a client fetching /api/state?since=SEQ every `--poll-s`, as the page
+trainer steps, time is cut into pairs of windows: one with no page polling, one with a
+page polling (a client fetching /api/state?since=SEQ every `--poll-s`, as the page
 does, and parsing the answer; the server reads the store at most once per
-`--refresh-s`). The order inside a pair alternates (off-on, on-off, ...), so a slow
+`--refresh-s`). It is one page, left open for the whole benchmark: it keeps the
+state it holds between its windows, so each window costs what a page left open
+costs, not a first load. The order inside a pair alternates (off-on, on-off, ...), so a slow
 drift of the machine's other load or of the run itself favours neither side.
 
 Three figures, against the same run without a page (the ratios of the pairs):
@@ -133,11 +135,14 @@ def drive(ctx: RunContext, args, windows: list[Window], status: dict) -> None:
         trainer = json.loads((ctx.run_dir / "components.json").read_text())["trainer-solver"]
         proc, url = start_dashboard(ctx.run_dir, args.refresh_s, ctx.run_dir / "dashboard.log")
         status["dashboard"] = proc
-        Page(url).poll()  # warm: imports, the first (whole-history) read, the codec
+        page = Page(url)
+        page.poll()  # warm: imports, the first (whole-history) read, the codec
         time.sleep(args.window_s / 2)
         for i in range(args.pairs):
             for on in ((False, True) if i % 2 == 0 else (True, False)):
-                windows.append(window(args, Page(url) if on else None, proc.pid,
+                # One page, left open: it keeps the state it holds between its windows
+                # (a page opened anew each window would measure a first load each time).
+                windows.append(window(args, page if on else None, proc.pid,
                                       trainer["pid"]))
     except BaseException as err:  # noqa: BLE001 - reported after the run
         status["error"] = repr(err)
