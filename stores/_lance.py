@@ -186,8 +186,8 @@ def read_after(table: Any, cursor: Cursor, columns: list[str], *,
         fresh = new_rows(f, cursor.version)
         if fresh is None:
             read.append((f, f.count_rows(), False))
-        elif fresh:
-            read.append((f, fresh, fresh == f.metadata.num_rows))
+        elif fresh:  # no deletions (new_rows says None then): physical rows are its rows
+            read.append((f, fresh, fresh == f.metadata.physical_rows))
     if not read:  # only rewrites of rows already read; `fragments=[]` would mean every
         return new, None  # fragment to a scanner
     flt = f"{CREATED_AT_VERSION} > {cursor.version} AND {CREATED_AT_VERSION} <= {top}"
@@ -287,16 +287,15 @@ def _fields(b: bytes):
         yield key >> 3, v
 
 
-def row_runs(fragment: Any) -> list[tuple[int, int]] | None:
+def row_runs(meta: Any) -> list[tuple[int, int]] | None:
     """(rows, creating version) runs of a fragment's `_row_created_at_version`, in row
-    order, from its metadata alone.
+    order, from its metadata (`fragment.metadata`) alone.
 
     Lance keeps each fragment's row creation versions as runs (protobuf
     `RowDatasetVersionSequence { repeated Run runs = 1 }`, `Run { span = 1;
-    version = 2 }`, `U64Segment span` a oneof whose every form is a range or a list of
-    row offsets), inline in the manifest. None when it is not inline or not plain
-    (then the fragment is simply read, and filtered)."""
-    meta = fragment.metadata.created_at_version_meta
+    version = 2 }`, the span a `U64Segment`), inline in the manifest. None when it is
+    not inline or not a plain range (then the fragment is simply read, and filtered)."""
+    meta = meta.created_at_version_meta
     if meta is None:
         return None
     try:
@@ -327,18 +326,17 @@ def _segment_len(seg: bytes) -> int:
 def new_rows(fragment: Any, after: int) -> int | None:
     """Rows of a fragment created after version `after`, from its metadata alone; None
     when the metadata does not say (or the fragment has deletions)."""
-    runs = row_runs(fragment)
-    if runs is None or fragment.metadata.num_deletions:
-        return None
-    if sum(n for n, _ in runs) != fragment.metadata.physical_rows:
-        return None  # runs that do not cover the fragment: not the layout we know
+    meta = fragment.metadata
+    runs = row_runs(meta)
+    if runs is None or meta.num_deletions or sum(n for n, _ in runs) != meta.physical_rows:
+        return None  # not the layout we know: the caller reads and filters
     return sum(n for n, v in runs if v > after)
 
 
 def newest_row_version(fragment: Any) -> int | None:
     """The highest `_row_created_at_version` in a fragment, from its metadata alone;
     None when the metadata does not say."""
-    runs = row_runs(fragment)
+    runs = row_runs(fragment.metadata)
     return max((v for _, v in runs), default=None) if runs else None
 
 
