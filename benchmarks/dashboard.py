@@ -18,7 +18,12 @@ Three figures, against the same run without a page (the ratios of the pairs):
    process used per second while a page polled, as a share of the CPU the trainer
    used per second in the same windows. Even if every cycle the dashboard used
    were one the trainer lost (the worst case), the trainer would lose at most this
-   share. Measured from /proc, it is not blurred by the run's own noise.
+   share. Measured from /proc, it is not blurred by the run's own noise. A window
+   with a page starts once the page has caught up on what the run committed while
+   no page polled (one poll before the window; its CPU is printed apart): a page
+   left open reads those commits as they come, at the rate the windows measure, and
+   a dashboard's refresh costs about what the fragments written since the last one
+   cost, so counting the catch-up would charge a window for the windows before it.
 2. The trainer's CPU-seconds per trajectory row, page on / off: what sharing caches
    and cores with the dashboard does to the trainer's work, free of the time the
    trainer spends waiting for rows (the largest noise in rows/s).
@@ -79,6 +84,7 @@ class Window:
     trainer_cpu_per_s: float
     rows_per_s: float = 0.0
     trainer_cpu_per_row: float = 0.0
+    catchup_cpu_s: float = 0.0
 
 
 def start_dashboard(run: Path, refresh_s: float, log: Path) -> tuple[subprocess.Popen, str]:
@@ -114,6 +120,11 @@ class Page:
 
 
 def window(args, page: Page | None, dash: int, trainer: int) -> Window:
+    catchup = 0.0
+    if page is not None:  # read what was committed while no page polled (see docstring)
+        c = cpu_seconds(dash)
+        page.poll()
+        catchup = cpu_seconds(dash) - c
     t0, c0, k0 = time.time(), cpu_seconds(dash), cpu_seconds(trainer)
     polls = 0
     while time.time() - t0 < args.window_s:
@@ -123,7 +134,7 @@ def window(args, page: Page | None, dash: int, trainer: int) -> Window:
         time.sleep(args.poll_s if page is not None else 0.2)
     t1 = time.time()
     return Window(t0, t1, page is not None, polls, (cpu_seconds(dash) - c0) / (t1 - t0),
-                  (cpu_seconds(trainer) - k0) / (t1 - t0))
+                  (cpu_seconds(trainer) - k0) / (t1 - t0), catchup_cpu_s=catchup)
 
 
 def drive(ctx: RunContext, args, windows: list[Window], status: dict) -> None:
@@ -214,9 +225,11 @@ def main() -> None:
     share = cpu_on / trainer_cpu
     polls = sum(w.polls for w in on)
     per_poll = sum(w.dashboard_cpu_per_s * (w.t1 - w.t0) for w in on) / max(polls, 1)
+    catchup = statistics.mean(w.catchup_cpu_s for w in on)
     print(f"1. BOUND (primary): the dashboard process used {cpu_on:.4f} core-s/s while a "
           f"page polled ({1e3 * per_poll:.1f} ms of CPU per poll, store reads included; "
-          f"{cpu_off:.4f} with no page), {100 * cpu_on / cores:.2f}% of this machine's "
+          f"{cpu_off:.4f} with no page; a catch-up poll before a window: "
+          f"{1e3 * catchup:.0f} ms), {100 * cpu_on / cores:.2f}% of this machine's "
           f"{cores} cores. Even if every cycle of it came out of the trainer's "
           f"{trainer_cpu:.2f} core-s/s, the trainer would lose at most "
           f"{100 * share:.2f}% of its CPU: "
