@@ -145,7 +145,8 @@ class Held:
     def latest(self) -> Any:
         """The newest committed version's dataset (call inside `retry.call`)."""
         if self._ds is None:
-            self._ds = latest_dataset(self.table)
+            self.table.checkout_latest()
+            self._ds = self.table.to_lance()
         else:
             top = self._ds.latest_version
             if top != self._ds.version:

@@ -80,15 +80,21 @@ def local_run(tmp_path, tiny_policy_dir):
 
 
 def count_reads(monkeypatch) -> Counter:
-    """Every table read goes through `_lance.latest_dataset`: count them by table."""
+    """Every table read goes through `_lance.latest_dataset` or a follower's
+    `_lance.Held.latest`: count them by table."""
     counts: Counter = Counter()
-    real = _lance.latest_dataset
+    real, held = _lance.latest_dataset, _lance.Held.latest
 
     def counted(table):
         counts[table.name] += 1
         return real(table)
 
+    def counted_held(self):
+        counts[self.table.name] += 1
+        return held(self)
+
     monkeypatch.setattr(_lance, "latest_dataset", counted)
+    monkeypatch.setattr(_lance.Held, "latest", counted_held)
     return counts
 
 
