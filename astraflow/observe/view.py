@@ -6,7 +6,9 @@ trainer sharing its disk or bucket) more as the run grows. Each refresh reads
 every table at most once, and only the commits after the last one it saw
 (rows carry the table version that created them, `_row_created_at_version`), from
 the fragments written since (`stores._lance.Cursor`): a refresh late in a long run
-costs what one early in it does.
+costs what one early in it does. Each table's dataset is held between refreshes
+(`stores._lance.Held`): a table that did not change costs one listing of its
+versions; a compaction's rewrite of rows already read is not read again.
 `reads` counts those reads per table so tests can hold us to it.
 """
 
