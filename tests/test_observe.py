@@ -358,6 +358,39 @@ def test_dashboard_state_reads_once_per_refresh_for_any_number_of_pages(local_ru
     assert client.get(f"/api/state?since={seq + 1}").json()["audit"]["verdict"] == "OK"
 
 
+def test_dashboard_audits_only_while_a_page_polls(local_run):
+    import threading
+    import time
+
+    from astraflow.observe.dashboard import State
+
+    state = State(local_run, refresh_s=3600, audit_every_s=0.05)
+    audits: list[float] = []
+    state.run_audit = lambda: audits.append(time.time())
+    stop = threading.Event()
+    thread = threading.Thread(target=state.audit_loop, args=(stop,), daemon=True)
+    thread.start()
+
+    def wait_for(n: int) -> None:
+        deadline = time.time() + 60
+        while len(audits) < n and time.time() < deadline:
+            time.sleep(0.01)
+        assert len(audits) == n
+
+    time.sleep(0.3)
+    assert audits == []  # no page yet: no audit
+    state.get()
+    wait_for(1)
+    time.sleep(0.3)  # six audit periods, no page asking: still one
+    assert len(audits) == 1
+    state.get(state.seq)
+    wait_for(2)
+    stop.set()
+    state.asked.set()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
 def test_dashboard_curve_keeps_every_stride_th_point_and_sends_only_new_ones():
     """A curve past MAX_POINTS keeps every 2^k-th point; a page holding an older
     thinning (epoch) is sent the curve whole, one holding the current one the tail."""
