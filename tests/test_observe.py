@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pytest
@@ -80,15 +80,21 @@ def local_run(tmp_path, tiny_policy_dir):
 
 
 def count_reads(monkeypatch) -> Counter:
-    """Every table read goes through `_lance.latest_dataset`: count them by table."""
+    """Every table read goes through `_lance.latest_dataset` or a follower's
+    `_lance.Held.latest`: count them by table."""
     counts: Counter = Counter()
-    real = _lance.latest_dataset
+    real, held = _lance.latest_dataset, _lance.Held.latest
 
     def counted(table):
         counts[table.name] += 1
         return real(table)
 
+    def counted_held(self):
+        counts[self.table.name] += 1
+        return held(self)
+
     monkeypatch.setattr(_lance, "latest_dataset", counted)
+    monkeypatch.setattr(_lance.Held, "latest", counted_held)
     return counts
 
 
@@ -171,6 +177,7 @@ def test_view_reads_each_table_once_per_refresh_and_only_new_commits(local_run, 
     assert counts == Counter({"metrics": 2, "traj_solver": 2})
     assert sum(len(s.values) for s in view.series.values()) == n + 1  # only the new row
     assert view.get("trainer", "solver", "reward_mean").values[-1] == 0.9
+    assert RunView(local_run).refresh().series == view.series  # deltas == one whole read
     assert len(view.rows["solver"].times) == 8
     # The newest episodes (in full) come from the newest commit; every row counts.
     view = RunView(local_run, episodes=3).refresh()
@@ -235,6 +242,82 @@ def test_cursor_reads_only_fragments_written_since_even_across_compaction(tmp_pa
     assert got == [(9, None), (10, 100), (11, 121)] and sorted(scanned[n:]) == [1, 2]
 
 
+def test_held_delta_reads_equal_a_full_read_across_appends_and_compactions(tmp_path,
+                                                                           monkeypatch):
+    """A follower's deltas, summed, are the table: no row missed, none twice, while the
+    table grows between reads and compaction rewrites rows already read (skipped: not
+    scanned at all) or read and unread ones together (scanned once, filtered)."""
+    import lance
+
+    schema = pa.schema([("i", pa.int64()), ("tok", pa.string())])
+    table = _lance.open_or_create(_lance.connect(tmp_path / "db"), "t", schema)
+    held, cur, seen, n = _lance.Held(table), _lance.Cursor(), [], 0
+    scans: list[tuple[int, str | None]] = []  # (fragments, filter) of each scan
+    real = lance.LanceDataset.scanner
+
+    def spy(self, *a, **kw):
+        scans.append((len(kw.get("fragments") or ()), kw.get("filter")))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(lance.LanceDataset, "scanner", spy)
+
+    def add(*sizes: int) -> None:  # one commit (one fragment) per size
+        nonlocal n
+        for k in sizes:
+            rows = list(range(n, n + k))
+            n += k
+            _lance.append(table, pa.table({"i": rows, "tok": [f"t{x}" for x in rows]},
+                                          schema=schema), where="test")
+
+    def read() -> pa.Table | None:
+        nonlocal cur
+        k = len(scans)
+        cur, rows = _lance.read_after(held, cur, ["i"], tail=(["tok"], 3))
+        if rows is not None:
+            seen.extend(rows["i"].to_pylist())
+            toks = [t for t in rows["tok"].to_pylist() if t is not None]
+            assert len(toks) >= min(3, rows.num_rows)  # the newest rows come in full
+            assert all(t == f"t{i}" for i, t in zip(rows["i"].to_pylist(),
+                                                      rows["tok"].to_pylist(), strict=True)
+                       if t is not None)
+        del scans[:k]
+        return rows
+
+    def compact() -> None:
+        stats = _lance.compact(table, lambda ds: set(), retain=timedelta(0))
+        assert stats["fragments"] == 1
+
+    def check() -> None:
+        full = _lance.latest_dataset(table).to_table(columns=["i"])["i"].to_pylist()
+        assert sorted(seen) == sorted(full) == list(range(n))  # every row, once
+
+    add(2, 3, 1)
+    assert read().num_rows == 6 and all(f is None for _, f in scans)  # appends: no filter
+    check()
+    assert read() is None and scans == []  # nothing new: nothing scanned
+    add(4, 1)
+    assert read().num_rows == 5 and all(f is None for _, f in scans)
+    # A compaction of rows already read only: its fragment is passed over, unread.
+    compact()
+    assert read() is None and scans == []
+    add(2)
+    assert read().num_rows == 2 and [c for c, _ in scans] == [1]
+    check()
+    # Unread rows compacted together with read ones: one scan of that fragment, filtered.
+    add(3, 2)
+    compact()
+    rows = read()
+    assert rows.num_rows == 5 and sum(c for c, _ in scans) == 1
+    assert all(f is not None for _, f in scans)
+    check()
+    # ...and back to plain appends, unfiltered; a fresh follower reads the whole table once.
+    add(1, 1, 1, 1)
+    assert read().num_rows == 4 and all(f is None for _, f in scans)
+    check()
+    _, rows = _lance.read_after(_lance.Held(table), _lance.Cursor(), ["i"])
+    assert sorted(rows["i"].to_pylist()) == list(range(n))
+
+
 def test_dashboard_state_reads_once_per_refresh_for_any_number_of_pages(local_run, monkeypatch):
     from fastapi.testclient import TestClient
 
@@ -273,6 +356,39 @@ def test_dashboard_state_reads_once_per_refresh_for_any_number_of_pages(local_ru
     state.run_audit()
     assert state.audit["verdict"] == "OK"
     assert client.get(f"/api/state?since={seq + 1}").json()["audit"]["verdict"] == "OK"
+
+
+def test_dashboard_audits_only_while_a_page_polls(local_run):
+    import threading
+    import time
+
+    from astraflow.observe.dashboard import State
+
+    state = State(local_run, refresh_s=3600, audit_every_s=0.05)
+    audits: list[float] = []
+    state.run_audit = lambda: audits.append(time.time())
+    stop = threading.Event()
+    thread = threading.Thread(target=state.audit_loop, args=(stop,), daemon=True)
+    thread.start()
+
+    def wait_for(n: int) -> None:
+        deadline = time.time() + 60
+        while len(audits) < n and time.time() < deadline:
+            time.sleep(0.01)
+        assert len(audits) == n
+
+    time.sleep(0.3)
+    assert audits == []  # no page yet: no audit
+    state.get()
+    wait_for(1)
+    time.sleep(0.3)  # six audit periods, no page asking: still one
+    assert len(audits) == 1
+    state.get(state.seq)
+    wait_for(2)
+    stop.set()
+    state.asked.set()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
 
 
 def test_dashboard_curve_keeps_every_stride_th_point_and_sends_only_new_ones():

@@ -12,7 +12,7 @@
     page holds SEQ - k  ──► the points added since, to append      (Plotly.extendTraces)
     a new page          ──► every curve, to draw                   (Plotly.react)
     audit thread ──every audit_every_s──► astraflow.audit (its own cadence: it
-                                          verifies every weight version's sha256)
+                   while pages poll       verifies every weight version's sha256)
 
 Any number of open pages share one refresh per `refresh_s`, and a page nobody
 looks at costs the store nothing. Why deltas: a page left open on a long run would
@@ -133,12 +133,16 @@ class State:
         self._codecs: dict[str, Any] = {}
         self._episodes: dict[str, dict[str, Any]] = {}  # traj_id -> decoded, for the page
         self.audit: dict[str, Any] = {"verdict": "pending", "checked_at": None, "policies": {}}
+        self.asked = threading.Event()
+        """Set by every page's poll, cleared by each audit: audits run only while a page
+        looks (an audit hashes every weight file; nobody reads its verdict otherwise)."""
         self.t0: float | None = None
 
     def get(self, since: int | None = None) -> bytes:
         """The page's state as JSON: `{"seq", "unchanged": true}` when the asking page
         already holds state `since` and nothing newer exists; the points added since
         (`"delta": true`) when it holds a recent one; else everything."""
+        self.asked.set()
         with self._lock:
             if not self.seq or time.time() - self._read >= self.refresh_s:
                 self.view.refresh()
@@ -249,7 +253,13 @@ class State:
                           "checked_at": time.time()}
 
     def audit_loop(self, stop: threading.Event) -> None:
+        """An audit when a page asks, then at most one per `audit_every_s` while pages
+        keep asking; none while no page is open."""
         while not stop.is_set():
+            self.asked.wait()
+            if stop.is_set():
+                return
+            self.asked.clear()
             self.run_audit()
             stop.wait(self.audit_every_s)
 
@@ -307,3 +317,4 @@ def serve(ctx: RunContext, *, port: int = 8765, refresh_s: float = 5.0,
         server.run(sockets=[sock])
     finally:
         stop.set()
+        state.asked.set()  # the audit thread, if it waits for a page, ends

@@ -165,12 +165,13 @@ class Follower:
         self._counters: dict[tuple[str, str], int] = defaultdict(int)
         self._seen: dict[tuple[str, str], int] = {}
         self._metrics = ctx.ledger()
+        self._held = _lance.Held(self._metrics.metrics)  # a poll of nothing new: one listing
 
     def read(self) -> list[Point]:
         """New points, in commit order, with their sink steps assigned."""
         from astraflow.observe.view import metrics_after, sorted_rows
 
-        self.after, new = metrics_after(self._metrics, self.after)
+        self.after, new = metrics_after(self._metrics, self.after, self._held)
         if new is None:
             return []
         out = []

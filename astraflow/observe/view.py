@@ -6,7 +6,9 @@ trainer sharing its disk or bucket) more as the run grows. Each refresh reads
 every table at most once, and only the commits after the last one it saw
 (rows carry the table version that created them, `_row_created_at_version`), from
 the fragments written since (`stores._lance.Cursor`): a refresh late in a long run
-costs what one early in it does.
+costs what one early in it does. Each table's dataset is held between refreshes
+(`stores._lance.Held`): a table that did not change costs one listing of its
+versions; a compaction's rewrite of rows already read is not read again.
 `reads` counts those reads per table so tests can hold us to it.
 """
 
@@ -19,6 +21,7 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -43,13 +46,14 @@ def pool_of(worker: str, region: str) -> str:
     return m.group(1) if m else (region or "local")
 
 
-def metrics_after(ledger: Ledger, after: _lance.Cursor
+def metrics_after(ledger: Ledger, after: _lance.Cursor, held: _lance.Held | None = None
                   ) -> tuple[_lance.Cursor, pa.Table | None]:
     """The metrics table's rows committed after `after`, with their commit version: (new
     cursor, rows), or (new cursor, None) when nothing is new. One read, of the fragments
     written since `after` only; the dashboard's view and the metric sinks both follow
-    the table this way."""
-    return ledger._read(lambda: _lance.read_after(ledger.metrics, after, METRICS_SCHEMA.names),
+    the table this way. `held`: the follower's `Held` metrics table (a cheaper poll)."""
+    table = held if held is not None else ledger.metrics
+    return ledger._read(lambda: _lance.read_after(table, after, METRICS_SCHEMA.names),
                         "reading metrics")
 
 
@@ -104,6 +108,10 @@ class RunView:
         self.components: dict[str, dict[str, Any]] | None = None
         self._metrics_at = _lance.Cursor()
         self._traj_at = dict.fromkeys(self.policies, _lance.Cursor())
+        # Each table's dataset held between refreshes: a refresh that finds a table
+        # unchanged costs one listing of its versions (`stores._lance.Held`).
+        self._held_metrics = _lance.Held(self._ledger.metrics)
+        self._held_traj = {p: _lance.Held(self._traj.table(p)) for p in self.policies}
         #: pool -> time bin -> workers with rows in it, kept as rows arrive (BIN_S wide)
         self._bins: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
 
@@ -124,26 +132,38 @@ class RunView:
 
     def _read_metrics(self) -> None:
         self.reads["metrics"] += 1
-        self._metrics_at, new = metrics_after(self._ledger, self._metrics_at)
-        if new is None:
+        self._metrics_at, new = metrics_after(self._ledger, self._metrics_at,
+                                              self._held_metrics)
+        if new is None or new.num_rows == 0:
             return
-        # Column-wise, not as a dict per row: a refresh brings ~25 rows per trainer step.
+        # Column-wise, one group per series (a refresh brings ~25 rows per trainer step,
+        # of a few dozen series): Python touches each series once, not each row.
         new = sort_metrics(new)
-        cols = [new.column(c).to_pylist()
-                for c in ("component", "policy", "name", "step", "time", "value")]
-        series = self.series
-        for comp, pol, name, step, t, value in zip(*cols, strict=True):
-            s = series[(comp, pol, name)]
-            s.steps.append(int(step))
-            s.times.append(float(t))
-            s.values.append(float(value))
+        labels, idx, code = [], [], np.zeros(new.num_rows, dtype=np.int64)
+        for c in ("component", "policy", "name"):  # one integer code per series
+            enc = pc.dictionary_encode(new.column(c).combine_chunks())
+            labels.append(enc.dictionary.to_pylist())
+            idx.append(enc.indices.to_numpy(zero_copy_only=False))
+            code = code * len(labels[-1]) + idx[-1]
+        order = np.argsort(code, kind="stable")  # grouped by series, commit order kept
+        code = code[order]
+        starts = np.flatnonzero(np.r_[True, code[1:] != code[:-1]]).tolist()
+        steps, times, values = (new.column(c).to_numpy()[order]
+                                for c in ("step", "time", "value"))
+        for a, b in zip(starts, [*starts[1:], len(code)], strict=True):
+            row = int(order[a])
+            s = self.series[tuple(lab[int(i[row])] for lab, i in zip(labels, idx, strict=True))]
+            s.steps += steps[a:b].tolist()
+            s.times += times[a:b].tolist()
+            s.values += values[a:b].tolist()
 
     def _read_rows(self, policy: str) -> None:
-        table, pr = self._traj.table(policy), self.rows[policy]
+        pr = self.rows[policy]
         keep = pr.newest.maxlen or 20
         self.reads[f"traj_{policy}"] += 1
+        held = self._held_traj[policy]
         self._traj_at[policy], new = self._traj._read(
-            policy, lambda: _lance.read_after(table, self._traj_at[policy], LIGHT,
+            policy, lambda: _lance.read_after(held, self._traj_at[policy], LIGHT,
                                               tail=(EPISODE, keep)), "read")
         if new is None or new.num_rows == 0:
             return
