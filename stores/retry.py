@@ -43,11 +43,14 @@ def transient(exc: BaseException) -> bool:
     """Worth another try: anything from the storage layer, not our own refusals.
 
     FileNotFoundError is an answer, not an outage; ValueError/TypeError are
-    caller bugs or validation refusals (SchemaMismatch is a ValueError).
+    caller bugs or validation refusals (SchemaMismatch is a ValueError), and so are
+    AttributeError, NameError, AssertionError and ImportError: retrying a bug for the
+    whole budget only hides it for two minutes behind "attempt N failed" lines.
     """
     if isinstance(exc, StoreUnavailable):
         return False
-    return not isinstance(exc, FileNotFoundError | ValueError | TypeError | KeyError)
+    return not isinstance(exc, FileNotFoundError | ValueError | TypeError | KeyError
+                          | AttributeError | NameError | AssertionError | ImportError)
 
 
 def call(fn: Callable[[], T], *, what: str, budget_s: float = DEFAULT_BUDGET_S,

@@ -191,3 +191,25 @@ def test_ledger_adds_up_and_detects_gaps(tmp_path):
     assert any("overlap" in p for p in check_ledger(bad))
     led.log("trainer", "p", 0, {"loss": 0.5})
     assert led.read_metrics(names=["loss"]).num_rows == 1
+
+
+def test_store_calls_retry_outages_but_not_bugs():
+    """An I/O failure is retried until it passes; a programming error is raised at once
+    (it once cost 120 s of "attempt N failed" lines before the real traceback)."""
+    from astraflow.stores import retry
+
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise OSError("connection reset")
+        return "ok"
+
+    assert retry.call(flaky, what="flaky", budget_s=30) == "ok" and len(calls) == 3
+    for bug in (AttributeError("'NoneType' object has no attribute 'version'"),
+                NameError("x"), AssertionError(), ValueError("bad")):
+        t0 = time.monotonic()
+        with pytest.raises(type(bug)):
+            retry.call(lambda b=bug: (_ for _ in ()).throw(b), what="bug", budget_s=30)
+        assert time.monotonic() - t0 < 5
