@@ -19,7 +19,12 @@ staged batches, as the trainer's read does). Prints:
     committed, or staged and certain to be committed exactly once),
   * p99 from the start of an append until the consumer read its rows,
   * rows lost and duplicated as the consumer saw them, and as the table holds
-    them afterwards (must be 0 and 0).
+    them afterwards (must be 0 and 0);
+  * on S3, a second line: S3 requests per append by kind (writers' and the
+    consumer's together, as the proxy saw them), the server's mean time per
+    request, and the CPU the run used: the machine's (both writers, consumer, proxy
+    and server, as a share of all cores), the S3 server's and the proxy's. A run
+    whose machine share is near 100 % measures the machine, not the store.
 
 Modes: `auto` (a writer commits its own batch and stages it when it loses the
 manifest race: `stores.staging`) and `direct` (one `table.add` per append: the
@@ -30,6 +35,7 @@ depend on the machine and on whatever else runs on it; the ratios are the claim.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import multiprocessing as mp
 import os
@@ -102,11 +108,12 @@ def writer_proc(kind: str, target: str, tags: list[str], appends: int, rows: int
     threads = [threading.Thread(target=run, args=(t,)) for t in tags]
     ready.put(len(tags))
     start.wait()
+    cpu = time.process_time()
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    out.put((spans, errors))
+    out.put((spans, errors, time.process_time() - cpu))
 
 
 def consume(uri: str, want: int, stop: threading.Event) -> tuple[float, dict[str, float], Counter]:
@@ -130,8 +137,9 @@ def consume(uri: str, want: int, stop: threading.Event) -> tuple[float, dict[str
 
 
 def measure(kind: str, target: str, writers: int, appends: int, rows: int, size: str,
-            procs: int) -> dict:
-    """Rates and latencies with `writers` threads over up to `procs` processes."""
+            procs: int, usage=None) -> dict:
+    """Rates and latencies with `writers` threads over up to `procs` processes; `usage`
+    (a `Usage` factory) measures requests and CPU from the start to the last row read."""
     ctx = mp.get_context("spawn")
     ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
     n = min(procs, writers)
@@ -149,11 +157,14 @@ def measure(kind: str, target: str, writers: int, appends: int, rows: int, size:
     reader = None
     if kind != "parquet":
         reader = threading.Thread(target=lambda: result.append(consume(target, want, stop)))
+    use = usage() if usage is not None else None
     t0 = time.time()
     start.set()
     if reader is not None:
         reader.start()
     res = [out.get(timeout=1800) for _ in ps]
+    if use is not None:
+        use.writers_cpu = sum(r[2] for r in res)
     for p in ps:
         p.join()
         if p.exitcode != 0:
@@ -164,15 +175,17 @@ def measure(kind: str, target: str, writers: int, appends: int, rows: int, size:
     spans = {k: v for r in res for k, v in r[0].items()}
     lat = np.array([e - s for s, e in spans.values()] or [float("nan")])
     if reader is None:
-        return {"rate": want / (max(e for _, e in spans.values()) - t0), "lat": lat}
+        return {"rate": want / (max(e for _, e in spans.values()) - t0), "lat": lat,
+                "usage": use.report(writers * appends) if use is not None else ""}
     reader.join(timeout=600)
     stop.set()
     reader.join()
     last, first, seen = result[0]
+    report = use.report(writers * appends) if use is not None else ""
     visible = np.array([first[b] - s for b, (s, _) in spans.items() if b in first]
                        or [float("nan")])
     return {"rate": sum(seen.values()) / (last - t0), "lat": lat, "visible": visible,
-            "seen": seen}
+            "seen": seen, "usage": report}
 
 
 def check(uri: str, writers: int, appends: int, rows: int, seen: Counter) -> tuple[int, int]:
@@ -188,6 +201,54 @@ def check(uri: str, writers: int, appends: int, rows: int, seen: Counter) -> tup
     return lost, dup
 
 
+def _cpu_ticks(pid: int | None = None) -> int:
+    """CPU ticks used so far: by process `pid` (user + system), or by the whole
+    machine (all but idle and iowait) when `pid` is None."""
+    if pid is None:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v) - v[3] - v[4]
+    with open(f"/proc/{pid}/stat") as f:
+        v = f.read().rsplit(")", 1)[1].split()
+    return int(v[11]) + int(v[12])
+
+
+class Usage:
+    """Requests through the proxy and CPU used between `__init__` and `report`."""
+
+    def __init__(self, server, proxy) -> None:
+        self.server, self.proxy = server, proxy
+        self.t0 = time.time()
+        self.cpu = time.process_time()  # this process: the consumer (and idle waiting)
+        self.writers_cpu = 0.0  # CPU seconds of the writer processes (they report it)
+        self.ticks = self._ticks()
+
+    def _ticks(self) -> tuple[int, int, int]:
+        if self.server is None:
+            return (_cpu_ticks(), 0, 0)
+        return (_cpu_ticks(), _cpu_ticks(self.server.pid), _cpu_ticks(self.proxy.proc.pid))
+
+    def report(self, appends: int) -> str:
+        from latency_proxy import count, requests
+
+        dt = time.time() - self.t0
+        hz, cores = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+        used = [(b - a) / hz for a, b in zip(self.ticks, self._ticks(), strict=True)]
+        consumer = time.process_time() - self.cpu
+        ours = self.writers_cpu + consumer + used[1] + used[2]
+        cpu = (f"cpu: machine {used[0] / dt / cores:.0%} of {cores} cores busy, this benchmark "
+               f"{ours / dt / cores:.0%} (per append, ms: writers "
+               f"{self.writers_cpu / appends * 1000:.0f}, consumer {consumer / appends * 1000:.0f}")
+        if self.server is None:
+            return f"{'':>13} {cpu})"
+        reqs = requests(self.proxy.log, self.t0)
+        kinds = ", ".join(f"{k} {v / appends:.1f}" for k, v in count(reqs).most_common())
+        server = sum(r[1] for r in reqs) / max(1, len(reqs))
+        return (f"{'':>13} requests/append {len(reqs) / appends:.1f} ({kinds}); server "
+                f"{server * 1000:.0f} ms/request; {cpu}, S3 server "
+                f"{used[1] / appends * 1000:.0f}, proxy {used[2] / appends * 1000:.0f})")
+
+
 def s3_location(latency_ms: float, log_dir: str):
     """Start the moto S3 server and a latency proxy in front of it; point AWS_* at it."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -196,7 +257,8 @@ def s3_location(latency_ms: float, log_dir: str):
     from tests.s3server import MotoServer
 
     server = MotoServer(log_dir).start(timeout_s=120)
-    proxy = LatencyProxy(int(server.endpoint.rsplit(":", 1)[1]), latency_ms / 1000)
+    proxy = LatencyProxy(int(server.endpoint.rsplit(":", 1)[1]), latency_ms / 1000,
+                         log=f"{log_dir}/requests.log")
     os.environ.update(server.env())
     os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
     bucket = server.create_bucket(f"bench-{uuid.uuid4().hex[:8]}")
@@ -214,6 +276,8 @@ def main() -> None:
                     help="batches per configuration, all writers")
     ap.add_argument("--batch", type=int, default=64, help="rows per batch")
     ap.add_argument("--procs", type=int, default=4, help="writer processes (threads share them)")
+    ap.add_argument("--verbose", action="store_true",
+                    help="also print requests and CPU of the Parquet runs")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="added per S3 request")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -239,12 +303,16 @@ def main() -> None:
                     for writers in (int(w) for w in args.writers.split(",")):
                         appends = max(2, args.appends // writers)
                         tag = uuid.uuid4().hex[:8]
-                        parquet = measure("parquet", f"{root}/pq-{tag}", writers, appends,
-                                          args.batch, size, args.procs)["rate"]
+                        pm = measure("parquet", f"{root}/pq-{tag}", writers, appends, args.batch,
+                                     size, args.procs, usage=functools.partial(Usage, server, proxy))
+                        parquet = pm["rate"]
+                        if args.verbose:
+                            print(f"{'':>13} parquet: {pm['usage'].strip()}")
                         for mode in modes:
                             uri = f"{root}/lance-{mode}-{tag}"
                             TrajectoryStore(uri).table("p")  # created once, before the race
-                            m = measure(mode, uri, writers, appends, args.batch, size, args.procs)
+                            m = measure(mode, uri, writers, appends, args.batch, size, args.procs,
+                                        usage=functools.partial(Usage, server, proxy))
                             lost, dup = check(uri, writers, appends, args.batch, m["seen"])
                             ok &= lost == 0 and dup == 0
                             rate = m["rate"]
@@ -255,6 +323,7 @@ def main() -> None:
                                   f"{np.percentile(m['lat'], 99):>6.2f} "
                                   f"{np.percentile(m['visible'], 99):>6.2f} {lost:>5} {dup:>4}",
                                   flush=True)
+                            print(m["usage"], flush=True)
             finally:
                 if proxy is not None:
                     proxy.stop()

@@ -20,6 +20,7 @@ import shutil
 import stat
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,7 @@ class ObjectStore:
         self.budget_s = retry_budget_s
         self.settings = settings
         self.fs, self.base = arrow_filesystem(uri, settings=settings)
+        self._obs: Any = None  # an obstore client, made on the first bulk delete
         if not self.remote:
             Path(self.base).mkdir(parents=True, exist_ok=True)
 
@@ -133,6 +135,52 @@ class ObjectStore:
 
         return self._call(get, f"reading {rel}")
 
+    def get_many(self, rels: list[str]) -> dict[str, bytes]:
+        """The bytes of every object in `rels` that exists (missing ones are left out).
+
+        On S3: one GET each, all in flight together (obstore). pyarrow's input
+        streams cost a HEAD before each GET, so a committer reading 64 markers paid
+        128 round trips, 16 at a time."""
+        if not self.remote:
+            out = {}
+            for rel in rels:
+                try:
+                    out[rel] = Path(self.path(rel)).read_bytes()
+                except FileNotFoundError:
+                    pass
+            return out
+        if not rels:
+            return {}
+        import asyncio
+
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        store, keys = self._obstore(), self._keys(rels)
+
+        async def one(key: str) -> bytes | None:
+            try:
+                return bytes(await (await obstore.get_async(store, key)).bytes_async())
+            except (NotFoundError, FileNotFoundError):  # obstore raises the latter here
+                return None
+
+        async def every() -> list[bytes | None]:
+            sem = asyncio.Semaphore(64)
+
+            async def bounded(key: str) -> bytes | None:
+                async with sem:
+                    return await one(key)
+
+            return await asyncio.gather(*(bounded(k) for k in keys))
+
+        got = self._call(lambda: asyncio.run(every()), f"reading {len(rels)} objects")
+        return {r: b for r, b in zip(rels, got, strict=True) if b is not None}
+
+    def _keys(self, rels: list[str]) -> list[str]:
+        """Object keys inside the bucket (obstore's paths) of `rels`."""
+        prefix = self.path("").partition("/")[2]
+        return [f"{prefix}/{r}" if prefix else r for r in rels]
+
     def get_file(self, rel: str, dst: Path) -> None:
         """Download to `dst` (written under a temp name, then renamed)."""
         def get(tmp: Path) -> None:
@@ -191,6 +239,47 @@ class ObjectStore:
                 pass
 
         self._call(rm, f"deleting {rel}")
+
+    def delete_many(self, rels: list[str]) -> None:
+        """Delete every object in `rels` (missing ones are fine).
+
+        On S3: one DeleteObjects request per 1,000 keys (obstore, the Rust
+        object_store client Lance itself uses). Why not pyarrow: its `delete_file`
+        costs four requests per object (HEAD it, DELETE it, HEAD its folder, PUT an
+        empty folder marker so the folder "still exists"), measured through the
+        latency proxy; a committer settling 64 staged batches paid 256 round trips.
+        """
+        if not rels:
+            return
+        if not self.remote:
+            for rel in rels:
+                Path(self.path(rel)).unlink(missing_ok=True)
+            return
+        import obstore
+
+        store, keys = self._obstore(), self._keys(rels)
+        self._call(lambda: obstore.delete(store, keys), f"deleting {len(rels)} objects")
+
+    def _obstore(self) -> Any:
+        """An obstore S3 client on this store's bucket (made once: bulk reads and deletes)."""
+        if self._obs is None:
+            from obstore.store import S3Store
+
+            s = self.settings or S3Settings.from_env()
+            config: dict[str, Any] = {"region": s.region or "us-east-1"}
+            if s.endpoint:
+                config["endpoint"] = s.endpoint
+            if s.access_key and s.secret_key:
+                config.update(access_key_id=s.access_key, secret_access_key=s.secret_key)
+                if s.session_token:
+                    config["session_token"] = s.session_token
+            client = {"allow_http": bool(s.endpoint and s.endpoint.startswith("http://")),
+                      "connect_timeout": "2s", "timeout": "10s"}
+            self._obs = S3Store(self.path("").partition("/")[0], config=config,
+                                client_options=client,
+                                retry_config={"max_retries": 1,
+                                              "retry_timeout": timedelta(seconds=10)})
+        return self._obs
 
     def delete_tree(self, rel: str) -> None:
         target = self.path(rel)

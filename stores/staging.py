@@ -27,7 +27,8 @@ race, hands the batch to the table's committer instead of retrying:
                 by a committer killed before its cleanup: delete it, commit nothing
              c. commit all the others' fragments as ONE `Append` (one table
                 version: a batch is all-or-nothing, a cursor moves by whole commits)
-             d. delete their markers
+             d. delete their markers (on S3 one bulk request for all but the
+                first: `ObjectStore.delete_many`)
 
 Step (b) needs the committed files of a marker to stay in the table until the
 marker is gone, so compaction leaves those fragments alone (`_lance.compact`
@@ -51,7 +52,6 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,23 +117,18 @@ class Staging:
         self.dataset = dataset  # the newest version of the table's Lance dataset
         self.opts = storage_options or None
         self.budget_s = budget_s
-        self._pool = ThreadPoolExecutor(16) if self.objects.remote else None
         self._skip = 0
         #: The dataset this writer's last commit returned (or last opened): a writer
         #: alone reuses it instead of opening the newest version per append (one
         #: listing and manifest read, 20-50 ms measured here). A commit on an older
         #: version is still exact: Lance rebases an Append over the Appends after it.
         self.current: Any = None
+        #: The dataset the committer's last commit returned (None: none this call).
+        self.committed: Any = None
 
     def _call(self, fn: Callable[[], Any], what: str) -> Any:
         return retry.call(fn, what=f"{what} of table {self.table!r} at {self.objects.uri}",
                           budget_s=self.budget_s)
-
-    def _map(self, fn: Callable[[str], Any], items: Iterable[str]) -> list[Any]:
-        items = list(items)
-        if self._pool is None or len(items) < 2:
-            return [fn(i) for i in items]
-        return list(self._pool.map(fn, items))
 
     # -- writer side ------------------------------------------------------------
     def write_data(self, ds: Any, batch: pa.Table, schema: pa.Schema) -> tuple[dict, ...]:
@@ -204,30 +199,47 @@ class Staging:
         return sum(marker_rows(n) for n in self.pending())
 
     def load(self, names: Iterable[str]) -> list[Staged]:
-        """The markers still there among `names` (one may be settled meanwhile)."""
-        def one(name: str) -> Staged | None:
-            try:
-                m = json.loads(self.objects.get_bytes(f"{self.rel}/{name}"))
-            except FileNotFoundError:
-                return None
-            return Staged(name, int(m["rows"]), tuple(m["files"]), tuple(m["fragments"]))
-
-        return [s for s in self._map(one, names) if s is not None]
+        """The markers still there among `names` (one may be settled meanwhile),
+        read all at once (`ObjectStore.get_many`: one GET each, all in flight)."""
+        names = list(names)
+        got = self.objects.get_many([f"{self.rel}/{n}" for n in names])
+        out = []
+        for name in names:
+            raw = got.get(f"{self.rel}/{name}")
+            if raw is not None:
+                m = json.loads(raw)
+                out.append(Staged(name, int(m["rows"]), tuple(m["files"]), tuple(m["fragments"])))
+        return out
 
     # -- committer side (the table's consumer only) -------------------------------
-    def commit_pending(self) -> int | None:
+    def commit_pending(self, names: list[str] | None = None) -> int | None:
         """Settle and commit every staged batch (at most MAX_PER_COMMIT per call) in
         one Append; the new version, or None when nothing needed committing. Safe
-        to retry and to crash anywhere: each try looks at the table first."""
+        to retry and to crash anywhere: each try looks at the table first.
+
+        `names`: the markers the caller just listed (`pending()`), so a consumer's
+        poll lists once, not twice; a retry lists again. After a commit,
+        `self.committed` is the dataset it returned, so the caller can read the
+        new version without opening the table again (four requests on S3).
+
+        Requests on S3, N markers: LIST (unless given), open the table (4), N GETs
+        (all in flight), the Append (about 3), and two deletes: the first marker
+        alone (the `settling` crash point), then the rest in one bulk request.
+        """
+        given = names
+
         def attempt() -> int | None:
+            nonlocal given
             from lance import LanceDataset, LanceOperation
             from lance.fragment import FragmentMetadata
 
-            names = self.pending()[:MAX_PER_COMMIT]
-            if not names:
+            todo_names = (given if given is not None else self.pending())[:MAX_PER_COMMIT]
+            given = None  # a retry lists afresh
+            self.committed = None
+            if not todo_names:
                 return None
             ds = self.dataset()
-            staged = self.load(names)
+            staged = self.load(todo_names)
             present = {df.path for f in ds.get_fragments() for df in f.metadata.files}
             todo = [s for s in staged if not set(s.files) <= present]
             version = None
@@ -238,11 +250,11 @@ class Staging:
                                           read_version=ds.version, storage_options=self.opts)
                 version = int(new.version)
                 crash_point("committed")
+                self.committed = new
             if staged:
-                self.objects.delete(f"{self.rel}/{staged[0].name}")
+                self.objects.delete_many([f"{self.rel}/{staged[0].name}"])
                 crash_point("settling")
-                self._map(lambda n: self.objects.delete(f"{self.rel}/{n}"),
-                          [s.name for s in staged[1:]])
+                self.objects.delete_many([f"{self.rel}/{s.name}" for s in staged[1:]])
             return version
 
         return self._call(attempt, "committing staged batches")

@@ -211,11 +211,16 @@ class TrajectoryStore:
         committer (`stores.staging`), so call this from the table's consumer only.
         """
         cols = list(columns or TRAJECTORY_SCHEMA.names)
-        if self.staging(policy).pending():
-            self.commit_staged(policy)
+        st = self.staging(policy)
+        names = st.pending()
+        fresh = None  # the version this poll committed: read on it without reopening
+        if names and st.commit_pending(names) is not None:
+            fresh = st.committed
 
         def read() -> tuple[int, pa.Table | None]:
-            ds = _lance.latest_dataset(self.table(policy))
+            nonlocal fresh
+            ds = fresh if fresh is not None else _lance.latest_dataset(self.table(policy))
+            fresh = None  # a retry opens the newest
             top = int(ds.version)
             if top <= cursor:
                 return top, None

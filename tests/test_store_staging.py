@@ -271,3 +271,36 @@ def test_staged_appends_on_s3(s3_env, tmp_path):
     assert set(got) == {f"s{i}-{j}" for i in range(3) for j in range(3)} == set(acked(log))
     assert all(n == ROWS for n in got.values())
     assert store.maintain("p", retain=timedelta(0))["fragments"] == 1
+
+
+@pytest.mark.parametrize("point", ["committed", "settling"])
+def test_committer_killed_on_s3_settles_once(s3_env, point):
+    """The committer's S3 path (markers read with one GET each, all in flight, and
+    deleted in bulk requests) killed after its commit or after its first delete: the
+    next committer settles the rest and commits nothing twice."""
+    uri = f"s3://{s3_env}/c"
+    stage(uri, ["w0", "w1", "w2"])
+    store = TrajectoryStore(uri)
+    v0 = store.latest_version("p")
+    assert spawn("commit", uri, crash=point).wait(120) == -9
+    assert store.latest_version("p") == v0 + 1
+    assert store.pending("p") == (3 if point == "committed" else 2) * ROWS
+    sl = store.read_after("p", 0, min_rows=1)
+    assert sl is not None and sl.num_rows == 3 * ROWS and sl.end == v0 + 1
+    assert store.pending("p") == 0 and store.latest_version("p") == v0 + 1
+    assert batches_in(store) == {"w0-0": ROWS, "w1-0": ROWS, "w2-0": ROWS}
+
+
+def test_bulk_reads_and_deletes_on_s3(s3_env):
+    """`ObjectStore.get_many` / `delete_many`: missing keys are skipped, nothing else
+    is touched, and no empty folder marker is left behind (pyarrow's delete made one)."""
+    from astraflow.stores.objects import ObjectStore
+
+    objects = ObjectStore(f"s3://{s3_env}/pre/fix")
+    for i in range(5):
+        objects.put_bytes(f"m/{i}.json", str(i).encode())
+    objects.put_bytes("keep.json", b"k")
+    got = objects.get_many([f"m/{i}.json" for i in range(6)])
+    assert got == {f"m/{i}.json": str(i).encode() for i in range(5)}
+    objects.delete_many([f"m/{i}.json" for i in range(6)])
+    assert objects.walk() == ["keep.json"] and objects.get_many(["m/0.json"]) == {}
