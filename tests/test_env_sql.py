@@ -70,6 +70,36 @@ def test_reward_correct_partial_wrong(env):
     assert env.reward(task, "Nobody") == 0.0
 
 
+def test_grounded_reward_pays_an_answer_only_with_a_query_that_returned_it(cache, env):
+    grounded = SqlEnv(cache_dir=cache, databases=6, reward="grounded")
+    city = env._values("shop0", _question("ncity"))[0]
+    task = grounded.task(f"shop0:ncity:{city}")
+    gold = task.data["gold"]
+
+    def sql(q):
+        return ToolCall("sql", q)
+
+    right = task.answer
+    assert grounded.reward_episode(task, right, (sql(gold),)) == 1.0
+    # Another query with the same result counts (an execution match, not string match),
+    # and so does a right query after a failed one.
+    same = f"SELECT COUNT(id) FROM customers WHERE city = '{city}'"
+    assert grounded.reward_episode(task, right, (sql("SELEC nonsense"), sql(same))) == 1.0
+    # A guess: the right answer with no query, a broken one, or one whose result differs.
+    assert grounded.reward_episode(task, right, ()) == 0.0
+    assert grounded.reward_episode(task, right, (sql("SELECT COUNT(*) FROM x='1'"),)) == 0.0
+    assert grounded.reward_episode(task, right, (sql("SELECT 123456"),)) == 0.0
+    assert grounded.reward_episode(task, right, (ToolCall("search", gold),)) == 0.0
+    # A right query does not make a wrong answer right.
+    assert grounded.reward_episode(task, str(int(right) + 1), (sql(gold),)) == 0.0
+    assert grounded.reward_episode(task, None, (sql(gold),)) == 0.0
+    # The default, `answer`, is the answer alone; the held-out check is too in both.
+    assert env.reward_episode(task, right, ()) == env.reward(task, right) == 1.0
+    assert grounded.reward(task, right) == 1.0
+    with pytest.raises(ValueError, match="'answer' or 'grounded'"):
+        SqlEnv(cache_dir=cache, databases=6, reward="exact")
+
+
 def _question(name):
     from astraflow.envs.sql import QUESTIONS
 

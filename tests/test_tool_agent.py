@@ -164,6 +164,40 @@ def test_tool_output_is_read_not_trained_and_rows_record_the_episode():
     assert p.extras["turns"] == 2 and p.extras["tool_calls"] == 1 and p.extras["tool_errors"] == 0
 
 
+def test_an_env_with_reward_episode_grades_the_calls_too():
+    """`reward_episode` sees the episode's calls in order: here the answer pays only
+    after an `echo` call whose argument is `proof`, so two episodes with the same answer
+    score differently, and a group agreeing on answer and calls is graded once."""
+    graded: list[tuple] = []
+
+    class Grounded(EchoEnv):
+        def reward_episode(self, task, answer, calls):
+            graded.append((task.task_id, answer, calls))
+            return float(answer == "ok" and any(c.tool == "echo" and c.argument == "proof"
+                                                for c in calls))
+
+    env = Grounded([FnTool("echo", lambda t, a: ToolResult(a))])
+    wf = agent(env)
+
+    def script(text):
+        if "<tool>" in text or text.startswith("guess"):
+            return "<answer>ok</answer>"
+        return "<call>echo proof</call>" if text.startswith("proved") else "<call>echo x</call>"
+
+    class Actor:
+        codec = CODEC
+        gen = staticmethod(scripted(script))
+
+        def generate(self, role, prompts, *, samples, max_new_tokens, stop=()):
+            return self.gen(prompts, samples, max_new_tokens)
+
+    wf.k = 2
+    parts = wf.episodes(tasks("proved", "other", "guess"), Actor())
+    assert [p.reward for p in parts] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert sorted((g[0], [(c.tool, c.argument) for c in g[2]]) for g in graded) == [
+        ("guess", []), ("other", [("echo", "x")]), ("proved", [("echo", "proof")])]
+
+
 def test_finish_reasons_and_tool_errors_are_recorded():
     hang = threading.Event()
 

@@ -156,6 +156,20 @@ class Env(Protocol):
         ...
 
 
+@runtime_checkable
+class EpisodeReward(Protocol):
+    """An env whose reward also looks at the tool calls an episode made, not only its
+    answer (`tool_agent` uses it when the env has it). Why: where answers can be
+    guessed (a count of 2, one of ten cities), an answer-only reward pays a guess as
+    much as a right query, and RL then learns to guess; a reward that pays the answer
+    only when a call in the episode produced it (an execution match) does not."""
+
+    def reward_episode(self, task: Task, answer: str | None, calls: tuple[ToolCall, ...]
+                       ) -> float:
+        """Score of the episode: its final answer and the calls it made, in order."""
+        ...
+
+
 def tool_listing(tools: Mapping[str, Tool]) -> str:
     """The tools as instructions list them, one line each."""
     return "\n".join(f"{CALL_OPEN}{t.name} ARG{CALL_CLOSE}: {t.description}"

@@ -18,7 +18,8 @@ An episode ends with a recorded reason (the row's `finish_reason`):
   max_turns  the model called a tool on its last allowed turn
   context    the context reached `max_context_tokens`
   timeout    the episode ran past `episode_timeout_s` (tool calls included)
-Only `answer` can earn reward. Rows also record `turns`, `tool_calls`,
+Only `answer` can earn reward; an env with `reward_episode` (`envs.base.EpisodeReward`)
+grades the answer together with the calls the episode made. Rows also record `turns`, `tool_calls`,
 `tool_errors` (failed calls: unknown tool, exception, timeout), `tool_s` (seconds
 in its tool calls) and `episode_s` (its wall-clock time, tool calls included).
 
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from astraflow.envs.base import (
     TURN_STOPS,
     Answer,
+    EpisodeReward,
     Limits,
     Task,
     Tool,
@@ -74,6 +76,8 @@ class Episode:
     tool_calls: int = 0
     tool_errors: int = 0
     tool_s: float = 0.0
+    calls: list[ToolCall] = field(default_factory=list)
+    """The calls the model made, in order (for an env's `reward_episode`)."""
     answer: str | None = None
     finish: str | None = None
     pending: Future | None = None
@@ -172,21 +176,36 @@ class ToolAgent(Workflow):
                                   stop=TURN_STOPS)
 
         eps = self.play(tasks, self.k, generate, mnt)
-        rewards = self.rewards([(e.task, e.answer) for e in eps])
+        if isinstance(self.env, EpisodeReward):
+            rewards = self.rewards([(e.task, e.answer) for e in eps],
+                                   [tuple(e.calls) for e in eps])
+        else:
+            rewards = self.rewards([(e.task, e.answer) for e in eps])
         return [Part.from_segments("agent", e.task.task_id, e.group, e.prompt, e.segments,
                                    r, e.finish or "answer", e.extras())
                 for e, r in zip(eps, rewards, strict=True)]
 
-    def rewards(self, answered: Sequence[tuple[Task, str | None]]) -> list[float]:
+    def rewards(self, answered: Sequence[tuple[Task, str | None]],
+                calls: Sequence[tuple[ToolCall, ...]] | None = None) -> list[float]:
         """`env.reward` of each (task, answer), graded concurrently on the tool pool, each
         distinct pair once. Grading can be as slow as a tool call (the code env runs the
         hidden tests in a fresh sandbox, ~0.1 s each), and a group's samples often agree
         on one answer, so a batch of 64 episodes graded one by one would cost seconds of
         the worker's time; an env's `reward` must therefore be thread-safe, as its tools
-        already are. The same pair always gets the same score: grading is deterministic."""
-        keys = [(t.task_id, a) for t, a in answered]
+        already are. The same pair always gets the same score: grading is deterministic.
+        With `calls` (one tuple per episode), `env.reward_episode` grades each distinct
+        (task, answer, calls) instead."""
+        if calls is None:
+            keys: list[tuple] = [(t.task_id, a) for t, a in answered]
+        else:  # the env's `reward_episode` scores the episode's calls too
+            keys = [(t.task_id, a, c) for (t, a), c in zip(answered, calls, strict=True)]
         first = {k: t for k, (t, _) in zip(keys, answered, strict=True)}
-        futures = {k: self._pool.submit(self.env.reward, t, k[1]) for k, t in first.items()}
+        if calls is None:
+            futures = {k: self._pool.submit(self.env.reward, t, k[1]) for k, t in first.items()}
+        else:
+            env: Any = self.env
+            futures = {k: self._pool.submit(env.reward_episode, t, k[1], k[2])
+                       for k, t in first.items()}
         scores = {k: f.result() for k, f in futures.items()}
         return [scores[k] for k in keys]
 
@@ -267,6 +286,7 @@ class ToolAgent(Workflow):
 
     def _call(self, e: Episode, call: ToolCall) -> None:
         e.events.append(f"call:{call.tool}")
+        e.calls.append(call)
         tool = self.env.tools.get(call.tool)
         now = time.monotonic()
         e.call_started = now
