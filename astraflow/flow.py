@@ -481,6 +481,12 @@ class StoreSpec(Spec):
     `stores.staging`). `direct`: one `table.add` per batch, retried through conflicts
     (the old path; every writer races for the manifest)."""
 
+    metrics_every_s: float = Field(1.0, ge=0)
+    """Trainers and rollout workers commit their metrics rows at most once per this
+    many seconds (and when they idle or stop), not once per step: fewer, larger
+    fragments for the dashboard and sinks to read. 0 commits every step; a SIGKILL
+    loses at most this long of metrics (never trajectories or ledger rows)."""
+
     replicas: list[ReplicaSpec] = Field(default_factory=list)
     """Weight replicas near rollout pools in other regions or clouds (see ReplicaSpec)."""
 

@@ -193,6 +193,31 @@ def test_ledger_adds_up_and_detects_gaps(tmp_path):
     assert led.read_metrics(names=["loss"]).num_rows == 1
 
 
+def test_metrics_batched_into_one_commit_keep_their_times(tmp_path):
+    """`metrics_every_s` holds metrics rows back and commits them together (one fragment
+    for readers to open, not one per step); each row keeps the time it was logged."""
+    led = Ledger(tmp_path / "s")
+    v0 = led.metrics.version
+    led.metrics_every_s = 3600.0
+    led.log("trainer", "p", 0, {"loss": 0.0})  # the first commits at once
+    assert led.read_metrics().num_rows == 1 and led.metrics.version == v0 + 1
+    for step in range(1, 4):
+        time.sleep(0.01)
+        led.log("trainer", "p", step, {"loss": float(step)})
+    led.flush_due()  # not due: the last commit is 0.03 s old of 3600
+    assert led.read_metrics().num_rows == 1 and led.metrics.version == v0 + 1
+    led.flush_metrics()
+    rows = sorted(led.read_metrics().to_pylist(), key=lambda r: r["step"])
+    assert [r["value"] for r in rows] == [0.0, 1.0, 2.0, 3.0]
+    assert rows[1]["time"] < rows[2]["time"] < rows[3]["time"]
+    assert led.metrics.version == v0 + 2  # one commit for the three held back
+    led.flush_metrics()  # nothing pending: no empty commit
+    assert led.metrics.version == v0 + 2
+    led.metrics_every_s = 0.0  # the default: every log commits
+    led.log("trainer", "p", 4, {"loss": 4.0})
+    assert led.read_metrics().num_rows == 5
+
+
 def test_store_calls_retry_outages_but_not_bugs():
     """An I/O failure is retried until it passes; a programming error is raised at once
     (it once cost 120 s of "attempt N failed" lines before the real traceback)."""

@@ -103,3 +103,31 @@ def test_a_version_pruned_while_the_engine_loads_it_is_skipped(ctx, monkeypatch)
     monkeypatch.setattr(engine, "load_weights", broken)
     with pytest.raises(OSError, match="disk on fire"):
         w.refresh_weights()
+
+
+def test_the_worker_loop_batches_its_metrics_and_flushes_them_when_it_ends(ctx):
+    """Inside `run`, metrics wait up to `store.metrics_every_s` after the last commit
+    (one fragment for many batches); the loop's end commits them; a direct
+    `produce_batch` is not held back."""
+    ctx.flow.store.metrics_every_s = 3600.0
+    w = RolloutWorker(ctx, "wA")
+    w.refresh_weights()
+    w.produce_batch()  # outside the loop: its metrics are committed at once
+    n0 = ctx.ledger().read_metrics().num_rows
+    assert n0 > 0
+    end = ctx.trajectories().latest_version("solver")  # consumed, as a trainer would
+    led = ctx.ledger()
+    led.record(LedgerEntry("solver", 0, 0, end, 6, 6, 0, 0, True, 1))
+    led.write_progress(Progress("solver", 0, end, 6, 1, time.time()))
+    seen: list[int] = []
+
+    def stop() -> bool:  # asked before each batch and while the full backlog blocks it
+        if w.batches >= 2:
+            seen.append(ctx.ledger().read_metrics().num_rows)
+            return True
+        return False
+
+    assert w.run(should_stop=stop) == 2
+    assert seen and seen[0] == n0  # the loop's batch: held, the last commit was < 1 h ago
+    assert ctx.ledger().read_metrics().num_rows == 2 * n0  # committed when the loop ended
+    assert w.ledger.metrics_every_s == 0.0

@@ -163,7 +163,7 @@ class Follower:
         self.after = _lance.Cursor()
         self.points = 0
         self._counters: dict[tuple[str, str], int] = defaultdict(int)
-        self._seen: dict[tuple[str, str], int] = {}
+        self._seen: dict[tuple[str, str], tuple[int, float]] = {}
         self._metrics = ctx.ledger()
         self._held = _lance.Held(self._metrics.metrics)  # a poll of nothing new: one listing
 
@@ -179,9 +179,11 @@ class Follower:
             comp, pol, commit = r["component"], r["policy"], r[_lance.CREATED_AT_VERSION]
             step = int(r["step"])
             if comp in ("rollout", "scale"):  # numbered in commit order (see docstring)
-                key = (comp, pol)
-                if self._seen.get(key) != commit:
-                    self._seen[key] = commit
+                # One batch = the rows of one `log` call: they share its time. A commit
+                # may hold several (`store.metrics_every_s` batches a worker's metrics).
+                key, batch = (comp, pol), (commit, r["time"])
+                if self._seen.get(key) != batch:
+                    self._seen[key] = batch
                     self._counters[key] += 1
                 step = self._counters[key]
             out.append(Point(comp, pol, step, int(r["step"]), float(r["time"]), r["name"],

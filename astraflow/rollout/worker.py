@@ -213,6 +213,7 @@ class RolloutWorker:
             self.open = {p for p in self.policies if self._room(p)}  # each checked, reloaded
             if self.open and all(v is not None for v in self.versions.values()):
                 break
+            self.ledger.flush_due()  # a held-back worker's last metrics show soon
             time.sleep(poll_s)
         return time.time() - t0
 
@@ -277,6 +278,17 @@ class RolloutWorker:
         def done() -> bool:  # the deadline also ends a wait for room (a full backlog)
             return should_stop() or (deadline is not None and time.time() > deadline)
 
+        # Metrics are batched only inside this loop (`store.metrics_every_s`), which
+        # flushes them when it ends: a direct `produce_batch` commits its own at once.
+        self.ledger.metrics_every_s = self.ctx.flow.store.metrics_every_s
+        try:
+            self._loop(done, max_batches)
+        finally:
+            self.ledger.metrics_every_s = 0.0
+            self.ledger.flush_metrics()
+        return self.batches
+
+    def _loop(self, done, max_batches: int | None) -> None:
         while not done():
             if max_batches is not None and self.batches >= max_batches:
                 break
@@ -287,4 +299,3 @@ class RolloutWorker:
             if self.batches % 20 == 0:
                 log.info("%s: %d batches, last %d rows with %s", self.worker_id, self.batches, n,
                          ", ".join(f"{p} v{v}" for p, v in self.versions.items()))
-        return self.batches

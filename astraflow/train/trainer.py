@@ -456,6 +456,17 @@ class Trainer:
         """Train until `max_steps` total steps, the deadline, or `should_stop()`;
         then checkpoint (a stop request is how spot preemption notices arrive)."""
         max_steps = self.ctx.flow.stop.max_steps if max_steps is None else max_steps
+        # Metrics are batched only inside this loop (`store.metrics_every_s`), which
+        # flushes them when it ends: a direct `train_on` commits its own at once.
+        self.ledger.metrics_every_s = self.ctx.flow.store.metrics_every_s
+        try:
+            return self._loop(max_steps, deadline, should_stop)
+        finally:
+            self.ledger.metrics_every_s = 0.0
+            if self.main:
+                self.ledger.flush_metrics()
+
+    def _loop(self, max_steps: int, deadline: float | None, should_stop) -> int:
         poll = self.ctx.flow.trainer.poll_interval_s
         while True:
             # Rank 0 decides (stop, idle or step) and the ranks follow: a stop request or
@@ -472,6 +483,7 @@ class Trainer:
                 if self.maybe_publish() is not None:  # the barrier opened while we waited
                     self._write_progress()
                 if self.main:
+                    self.ledger.flush_due()  # a waiting trainer's last step shows soon
                     time.sleep(poll)
                 continue
             res = self.train_on(sl)
