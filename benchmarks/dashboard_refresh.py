@@ -1,6 +1,6 @@
 """CPU per dashboard refresh, replayed on a copy of a run: no run noise blurs it.
 
-    python benchmarks/dashboard_refresh.py RUN [--steps 35] [--cycles 6] [--profile]
+    python benchmarks/dashboard_refresh.py RUN [--steps 35] [--cycles 6] [--metrics-every 7] [--profile]
 
 `--profile` clocks cProfile with process CPU time, so the Lance reader threads' work
 counts against the call waiting for it.
@@ -8,9 +8,11 @@ counts against the call waiting for it.
 Copies RUN (a finished run folder, e.g. runs/bench/bench-dashboard left by
 benchmarks/dashboard.py) to a temporary folder, opens the dashboard's State on it,
 then replays a live run: per cycle, `--steps` trainer steps' worth of commits to the
-run's first policy (per step one trainer metrics commit, one rollout+worker metrics
-commit and one trajectory commit of 32 rows, as the math flow writes; 35 steps = 5 s of the
-benchmark's run at 7 steps/s, one default `--refresh`), then one State.get(since)
+run's first policy (per step one trajectory commit of 32 rows and a trainer and a
+rollout+worker metrics row set, committed every `--metrics-every` steps: 7 is one commit
+a second each, as `store.metrics_every_s: 1` gives at the math flow's 7 steps/s; 1 is
+one per step, as before it; 35 steps = 5 s of the benchmark's run, one default
+`--refresh`), then one State.get(since)
 as the page sends it. Prints the process CPU per refresh (store read, curves, JSON)
 and per fragment read, and per "unchanged" poll. CPU time, not wall time: on a
 loaded machine it is what the dashboard takes from others. Load still inflates it
@@ -47,6 +49,9 @@ def main() -> None:
     ap.add_argument("run", type=Path)
     ap.add_argument("--steps", type=int, default=35, help="trainer steps between refreshes")
     ap.add_argument("--cycles", type=int, default=6)
+    ap.add_argument("--metrics-every", type=int, default=7,
+                    help="steps per metrics commit of each of the two writers (7: one a "
+                         "second at 7 steps/s, as store.metrics_every_s=1 gives; 1: before)")
     ap.add_argument("--profile", action="store_true", help="print cProfile's top 30")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -54,7 +59,7 @@ def main() -> None:
         shutil.copytree(args.run, run, ignore=shutil.ignore_patterns("tensorboard"))
         ctx = RunContext.open(run)
         policy = ctx.flow.policy_names()[0]  # the run's first policy takes the commits
-        led, table = ctx.ledger(), ctx.trajectories().table(policy)
+        table = ctx.trajectories().table(policy)
         rows = _lance.latest_dataset(table).to_table(limit=32)
         rows = rows.select([f.name for f in table.schema])
         state = State(ctx, refresh_s=0, audit_every_s=0)
@@ -63,12 +68,20 @@ def main() -> None:
         # that waits for it, which is what a refresh costs the machine.
         prof = cProfile.Profile(time.process_time)
         per, idle, step = [], [], 10**6
+        trainer_led, worker_led = ctx.ledger(), ctx.ledger()  # two writers, as in a run
+        for lg in (trainer_led, worker_led):
+            lg.metrics_every_s = float("inf")  # committed every --metrics-every steps below
+        lg_commits = 0
         for _ in range(args.cycles):
             for _ in range(args.steps):
                 step += 1
-                led.log("trainer", policy, step, dict.fromkeys(TRAINER, 0.5))
-                led.log_many("rollout", [(policy, step, dict.fromkeys(ROLLOUT, 0.1))],
-                             [("worker", "w0", step, {"worker_rows": 32})])
+                trainer_led.log("trainer", policy, step, dict.fromkeys(TRAINER, 0.5))
+                worker_led.log_many("rollout", [(policy, step, dict.fromkeys(ROLLOUT, 0.1))],
+                                    [("worker", "w0", step, {"worker_rows": 32})])
+                if step % args.metrics_every == 0:
+                    trainer_led.flush_metrics()
+                    worker_led.flush_metrics()
+                    lg_commits += 2
                 now = pa.array([int(time.time() * 1e6)] * len(rows), pa.int64()).cast(
                     pa.timestamp("us", tz="UTC"))
                 r = rows.set_column(rows.schema.get_field_index("created_at"), "created_at", now)
@@ -84,7 +97,7 @@ def main() -> None:
             c = time.process_time()
             state.get(state.seq)  # nothing new: what a poll costs between commits
             idle.append(time.process_time() - c)
-    frags = 3 * args.steps
+    frags = args.steps + lg_commits // args.cycles
     med = statistics.median(per)
     print(f"CPU per refresh after {args.steps} steps ({frags} fragments): median "
           f"{1e3 * med:.1f} ms ({1e3 * med / frags:.2f} ms per fragment), cycles "
