@@ -64,46 +64,52 @@ def main() -> None:
           f"{args.maintain_every:g}s keeping {args.retain:g}s of versions")
     print(f"{'hour':>4} {'rows':>9} {'t s':>6} {'read p50 ms':>11} {'read p99 ms':>11} "
           f"{'fragments':>9} {'versions':>8} {'staged':>6} {'maint s':>7}")
-    t0 = last_maint = time.time()
-    step = cursor = consumed = 0
-    lat: list[float] = []
-    maint_s = 0.0
-    hour = 0
-    stop_at = t0 + 60 * args.max_minutes
-    while True:
-        writing = any(p.poll() is None for p in procs)
-        if writing and time.time() > stop_at:
-            for p in procs:
+    try:
+        t0 = last_maint = time.time()
+        step = cursor = consumed = 0
+        lat: list[float] = []
+        maint_s = 0.0
+        hour = 0
+        stop_at = t0 + 60 * args.max_minutes
+        while True:
+            writing = any(p.poll() is None for p in procs)
+            if writing and time.time() > stop_at:
+                for p in procs:
+                    p.kill()
+                writing = False
+            r0 = time.perf_counter()
+            sl = traj.read_after(pol, cursor, min_rows=args.read_rows, max_rows=args.read_rows,
+                                 columns=["traj_id", "behavior_version", "reward"])
+            if sl is None and not writing:
+                sl = traj.read_after(pol, cursor, min_rows=1)
+                if sl is None and traj.pending(pol) == 0:
+                    break
+            if sl is None:
+                time.sleep(0.02)
+                continue
+            lat.append(time.perf_counter() - r0)
+            ledger.record(LedgerEntry(policy=pol, step=step, cursor_start=sl.start, cursor_end=sl.end,
+                                      rows_read=sl.num_rows, rows_used=sl.num_rows, rows_stale=0,
+                                      rows_filtered=0, optimizer_step=True, weight_version=0))
+            step, cursor, consumed = step + 1, sl.end, consumed + sl.num_rows
+            if time.time() - last_maint > args.maintain_every:
+                m0 = time.time()
+                traj.maintain(pol, retain=timedelta(seconds=args.retain))
+                ctx.ledger().maintain()
+                maint_s, last_maint = time.time() - m0, time.time()
+            if consumed >= (hour + 1) * hour_rows:
+                hour += 1
+                ds = traj.table(pol).to_lance()
+                ms = np.array(lat) * 1000
+                print(f"{hour:>4} {consumed:>9,} {time.time() - t0:>6.0f} {np.percentile(ms, 50):>11.1f} "
+                      f"{np.percentile(ms, 99):>11.1f} {len(ds.get_fragments()):>9} "
+                      f"{len(ds.versions()):>8} {traj.pending(pol):>6} {maint_s:>7.1f}", flush=True)
+                lat = []
+    finally:  # the trainer's side failed or finished: no writer outlives the benchmark
+        for p in procs:
+            if p.poll() is None:
                 p.kill()
-            writing = False
-        r0 = time.perf_counter()
-        sl = traj.read_after(pol, cursor, min_rows=args.read_rows, max_rows=args.read_rows,
-                             columns=["traj_id", "behavior_version", "reward"])
-        if sl is None and not writing:
-            sl = traj.read_after(pol, cursor, min_rows=1)
-            if sl is None and traj.pending(pol) == 0:
-                break
-        if sl is None:
-            time.sleep(0.02)
-            continue
-        lat.append(time.perf_counter() - r0)
-        ledger.record(LedgerEntry(policy=pol, step=step, cursor_start=sl.start, cursor_end=sl.end,
-                                  rows_read=sl.num_rows, rows_used=sl.num_rows, rows_stale=0,
-                                  rows_filtered=0, optimizer_step=True, weight_version=0))
-        step, cursor, consumed = step + 1, sl.end, consumed + sl.num_rows
-        if time.time() - last_maint > args.maintain_every:
-            m0 = time.time()
-            traj.maintain(pol, retain=timedelta(seconds=args.retain))
-            ctx.ledger().maintain()
-            maint_s, last_maint = time.time() - m0, time.time()
-        if consumed >= (hour + 1) * hour_rows:
-            hour += 1
-            ds = traj.table(pol).to_lance()
-            ms = np.array(lat) * 1000
-            print(f"{hour:>4} {consumed:>9,} {time.time() - t0:>6.0f} {np.percentile(ms, 50):>11.1f} "
-                  f"{np.percentile(ms, 99):>11.1f} {len(ds.get_fragments()):>9} "
-                  f"{len(ds.versions()):>8} {traj.pending(pol):>6} {maint_s:>7.1f}", flush=True)
-            lat = []
+            p.wait()
     appends = sum(1 for _ in (run / "acks").open()) if (run / "acks").exists() else 0
     a = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run), "--json"],
                        capture_output=True, text=True, timeout=1200)
