@@ -30,7 +30,7 @@ import numpy as np
 
 from astraflow.flow import load_flow
 from astraflow.local import prepare_run
-from astraflow.stores import LedgerEntry
+from astraflow.stores import LedgerEntry, Progress
 
 
 def main() -> None:
@@ -44,6 +44,9 @@ def main() -> None:
     ap.add_argument("--maintain-every", type=float, default=20.0)
     ap.add_argument("--retain", type=float, default=10.0, help="seconds of versions kept")
     ap.add_argument("--max-minutes", type=float, default=40.0, help="stop the writers then")
+    ap.add_argument("--backlog", type=int, default=512,
+                    help="rows not yet read at which writers wait, as rollout workers do at "
+                         "rollout.max_backlog_batches (0: no bound, an overload test)")
     args = ap.parse_args()
 
     ctx = prepare_run(load_flow(args.flow, {"name": "bench-soak"}), Path(args.root), overwrite=True)
@@ -55,13 +58,15 @@ def main() -> None:
     per = args.commits // args.writers
     procs = [subprocess.Popen([sys.executable, "-c", "from store_actors import store_writer; "
                                f"store_writer({str(run)!r}, {pol!r}, 'w{i}', {args.rows}, "
-                               f"{str(run / 'acks')!r}, batches={per}, pause_s=0)"], env=env)
+                               f"{str(run / 'acks')!r}, batches={per}, pause_s=0, "
+                               f"max_backlog_rows={args.backlog or None})"], env=env)
              for i in range(args.writers)]
     total = per * args.writers * args.rows
     hour_rows = max(total // 24, 1)
     print(f"soak: {per * args.writers:,} appends of {args.rows} rows by {args.writers} writer "
           f"processes; trainer reads {args.read_rows} rows per step; maintenance every "
-          f"{args.maintain_every:g}s keeping {args.retain:g}s of versions")
+          f"{args.maintain_every:g}s keeping {args.retain:g}s of versions; writers wait at "
+          f"{args.backlog or 'no'} unread rows")
     print(f"{'hour':>4} {'rows':>9} {'t s':>6} {'read p50 ms':>11} {'read p99 ms':>11} "
           f"{'fragments':>9} {'versions':>8} {'staged':>6} {'maint s':>7}")
     try:
@@ -92,6 +97,7 @@ def main() -> None:
                                       rows_read=sl.num_rows, rows_used=sl.num_rows, rows_stale=0,
                                       rows_filtered=0, optimizer_step=True, weight_version=0))
             step, cursor, consumed = step + 1, sl.end, consumed + sl.num_rows
+            ledger.write_progress(Progress(pol, step - 1, cursor, consumed, 0, time.time()))
             if time.time() - last_maint > args.maintain_every:
                 m0 = time.time()
                 traj.maintain(pol, retain=timedelta(seconds=args.retain))

@@ -11,14 +11,24 @@ from astraflow.run import RunContext
 
 
 def store_writer(run: str, policy: str, tag: str, rows: int, acks: str,
-                 batches: int = 10**9, pause_s: float = 0.2) -> None:
+                 batches: int = 10**9, pause_s: float = 0.2,
+                 max_backlog_rows: int | None = None) -> None:
     """A rollout worker's store traffic without the model: append `batches` batches
-    (or until killed), pausing up to `pause_s` between them."""
+    (or until killed), pausing up to `pause_s` between them. `max_backlog_rows`: wait,
+    as a rollout worker does (`rollout.max_backlog_batches`), while the table holds
+    that many rows the consumer has not read (its progress file says what it read)."""
     from datetime import UTC, datetime
 
-    traj = RunContext.open(Path(run)).trajectories()
+    ctx = RunContext.open(Path(run))
+    traj, ledger = ctx.trajectories(), ctx.ledger()
     with open(acks, "a") as log:
         for i in range(batches):
+            while max_backlog_rows is not None:
+                progress = ledger.progress(policy)
+                done = progress.rows_consumed if progress else 0
+                if traj.count(policy) - done < max_backlog_rows:
+                    break
+                time.sleep(0.01)
             now = datetime.now(UTC)
             traj.append(policy, [
                 {"traj_id": f"{tag}-{i}-{j}", "group_id": f"{tag}-{i}-{j // 8}", "policy": policy,
