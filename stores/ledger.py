@@ -105,8 +105,9 @@ class Ledger:
         self.metrics = _lance.open_or_create(self._db, "metrics", METRICS_SCHEMA, retry_budget_s)
         self.metrics_every_s = 0.0
         """Metrics rows are committed at most once per this many seconds (0: each
-        `log` commits; the first `log` after a quiet spell commits at once). A trainer or worker logging every step sets it (the flow's
-        `store.metrics_every_s`) and calls `flush_metrics` when it idles or stops. Why:
+        `log` commits; the first `log` after a quiet spell commits at once). A trainer
+        or worker logging every step sets it (the flow's `store.metrics_every_s`) inside
+        its loop and calls `flush_due` when it idles, `flush_metrics` when it stops. Why:
         each commit is a fragment every reader of the table (the dashboard, the sinks)
         opens; at several steps a second, one commit per step made metrics the
         dashboard's largest cost (0.6 ms per fragment read). A SIGKILL loses at most
@@ -201,12 +202,11 @@ class Ledger:
         if not rows:
             return
         self._pending += rows
-        if now - self._flushed_at >= self.metrics_every_s:
-            self.flush_metrics()
+        self.flush_due()
 
     def flush_due(self) -> None:
-        """`flush_metrics` if the last commit is `metrics_every_s` old: what an idle loop
-        calls, so a waiting component's last metrics show within that."""
+        """`flush_metrics` if the last commit is `metrics_every_s` old: what `log` and an
+        idle loop call, so a waiting component's last metrics show within that."""
         if self._pending and time.time() - self._flushed_at >= self.metrics_every_s:
             self.flush_metrics()
 

@@ -176,11 +176,9 @@ class ToolAgent(Workflow):
                                   stop=TURN_STOPS)
 
         eps = self.play(tasks, self.k, generate, mnt)
-        if isinstance(self.env, EpisodeReward):
-            rewards = self.rewards([(e.task, e.answer) for e in eps],
-                                   [tuple(e.calls) for e in eps])
-        else:
-            rewards = self.rewards([(e.task, e.answer) for e in eps])
+        calls = ([tuple(e.calls) for e in eps] if isinstance(self.env, EpisodeReward)
+                 else None)
+        rewards = self.rewards([(e.task, e.answer) for e in eps], calls)
         return [Part.from_segments("agent", e.task.task_id, e.group, e.prompt, e.segments,
                                    r, e.finish or "answer", e.extras())
                 for e, r in zip(eps, rewards, strict=True)]
