@@ -245,6 +245,36 @@ def test_finish_reasons_and_tool_errors_are_recorded():
         hang.set()
 
 
+def test_held_out_scores_ignore_the_episode_wall_clock():
+    """A score depends on the weights alone: the same greedy episodes that a rollout
+    ends at `episode_timeout_s` (a batch's clock, not the episode's own) score in full
+    when held out. The tool sleeps 0.2 s, four times the 0.05 s limit, so no timing luck
+    is involved either way."""
+    import time
+
+    def slow(task, arg):
+        time.sleep(0.2)
+        return ToolResult("ok")
+
+    env = EchoEnv([FnTool("slow", slow)], episode_timeout_s=0.05)
+
+    def script(text):
+        return "<call>slow x</call>" if "<tool>" not in text else "<answer>ok</answer>"
+
+    class ScriptedEngine:
+        codec = CODEC
+
+        def generate(self, prompts, *, stop=(), max_new_tokens, samples_per_prompt, greedy):
+            return scripted(script)(prompts, samples_per_prompt, max_new_tokens)
+
+    wf = agent(env)
+    (e,) = wf.play(tasks("r"), 1, scripted(script), 30)
+    assert e.finish == "timeout"
+    items = wf.items("agent", tasks("h1", "h2"), random.Random(0))
+    assert wf.score("agent", ScriptedEngine(), items) == 1.0
+    assert [e.finish for e in wf.last_episodes] == ["answer", "answer"]
+
+
 def test_rewards_grade_each_distinct_answer_once_and_concurrently():
     """A group's samples often agree; each (task, answer) is graded once, and grading
     runs on the pool: two slow graders meet at a barrier neither passes alone."""

@@ -78,6 +78,8 @@ class Episode:
     tool_s: float = 0.0
     calls: list[ToolCall] = field(default_factory=list)
     """The calls the model made, in order (for an env's `reward_episode`)."""
+    timeout_s: float | None = None
+    """This episode's wall-clock limit (None: none)."""
     answer: str | None = None
     finish: str | None = None
     pending: Future | None = None
@@ -207,12 +209,21 @@ class ToolAgent(Workflow):
         scores = {k: f.result() for k, f in futures.items()}
         return [scores[k] for k in keys]
 
-    def play(self, tasks: list[Task], k: int, generate: GenerateFn, max_new_tokens: int
-             ) -> list[Episode]:
-        """Play `k` episodes of each task to their ends; returns them in task-major order."""
+    def play(self, tasks: list[Task], k: int, generate: GenerateFn, max_new_tokens: int,
+             *, wall_clock: bool = True) -> list[Episode]:
+        """Play `k` episodes of each task to their ends; returns them in task-major order.
+
+        `wall_clock=False` drops the per-episode time limit (turn, context and per-call
+        tool limits stay): held-out checks play a whole batch of episodes at once on
+        whatever cores are free, so the batch's clock is not any one episode's, and a
+        score must depend on the weights alone. Measured: the 90 held-out SQL episodes
+        of one warm-started version scored 77.8% on a quiet machine and 0.0% (every
+        episode `timeout` at 60 s) beside a busy process."""
         now = time.monotonic()
         prompts = [self.task_prompt(t) for t in tasks]
-        eps = [Episode(t, f"t{i}", prompts[i], now) for i, t in enumerate(tasks) for _ in range(k)]
+        lim = self.limits.episode_timeout_s if wall_clock else None
+        eps = [Episode(t, f"t{i}", prompts[i], now, timeout_s=lim)
+               for i, t in enumerate(tasks) for _ in range(k)]
         limit = self.limits.max_context_tokens
         if limit is not None and (longest := max((len(p) for p in prompts), default=0)) >= limit:
             raise ValueError(f"a prompt of {longest} tokens leaves no room under "
@@ -256,9 +267,9 @@ class ToolAgent(Workflow):
         self.last_episodes = eps
         return eps
 
-    def _late(self, e: Episode, now: float) -> bool:
-        lim = self.limits.episode_timeout_s
-        return lim is not None and now - e.started > lim
+    @staticmethod
+    def _late(e: Episode, now: float) -> bool:
+        return e.timeout_s is not None and now - e.started > e.timeout_s
 
     def _after_turn(self, e: Episode, comp: list[int], lps: list[float], why: str,
                     room: int) -> None:
@@ -296,8 +307,8 @@ class ToolAgent(Workflow):
             e.pending, e.call_deadline = fut, now
             return
         deadline = now + tool.timeout_s
-        if self.limits.episode_timeout_s is not None:
-            deadline = min(deadline, e.started + self.limits.episode_timeout_s)
+        if e.timeout_s is not None:
+            deadline = min(deadline, e.started + e.timeout_s)
         e.pending, e.call_deadline = self._pool.submit(_run_tool, tool, e.task, call.argument), deadline
 
     def _collect(self, eps: Sequence[Episode]) -> None:
@@ -363,7 +374,7 @@ class ToolAgent(Workflow):
         for i in range(0, len(items), batch):
             chunk = items[i : i + batch]
             eps = self.play([it.data["task"] for it in chunk], 1, generate,
-                            self.max_new_tokens(role))
+                            self.max_new_tokens(role), wall_clock=False)
             played.extend(eps)
             # Checks grade like rewards do (a sandbox run each for code): concurrently.
             checks = [self._pool.submit(it.check, e.answer)
