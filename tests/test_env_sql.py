@@ -150,6 +150,7 @@ def test_demonstrations_solve_their_tasks_through_the_tool(env):
         call, answer = parse_action(turns[0].text), parse_action(turns[-1].text)
         assert isinstance(call, ToolCall) and isinstance(answer, Answer)
         assert env.tools[call.tool](task, call.argument).output == turns[1].text
+        assert answer.text == turns[1].text  # the rows, copied verbatim
         assert env.reward(task, answer.text) == 1.0
 
 

@@ -317,12 +317,15 @@ class SqlEnv(SplitTasks):
         return 0.0
 
     def demonstration(self, task: Task, rng: random.Random) -> list[DemoTurn]:
-        """The gold query, its real result, the answer copied from it."""
+        """The gold query, its real result, and the answer: the rows copied verbatim, one
+        per line (`answer_set` splits on newlines as on commas), so the tiny model copies
+        what it has just read instead of rewriting it ("Lima, Lima, Kyiv" was a typical
+        rewritten list). Version 0 scored the same either way (70.0% on 90 held-out
+        tasks, same warm start), and the best RL result so far (+7.8) was made with it."""
         out = self.tools["sql"](task, task.data["gold"])
         if out.error:
             raise RuntimeError(f"gold query of {task.task_id} failed: {out.error}")
         return [DemoTurn("model", f"{CALL_OPEN}sql {task.data['gold']}{CALL_CLOSE}"),
                 DemoTurn("tool", out.output),
-                DemoTurn("model", f"{ANSWER_OPEN}{', '.join(out.output.splitlines())}"
-                                  f"{ANSWER_CLOSE}")]
+                DemoTurn("model", f"{ANSWER_OPEN}{out.output}{ANSWER_CLOSE}")]
 
