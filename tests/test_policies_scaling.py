@@ -242,6 +242,39 @@ def test_simulator_rate_preemptions_and_deadband_adapts():
     assert rate.preemptions > 0 and rate.rows_lost >= 0
 
 
+def test_hindsight_floor_is_the_cheapest_rows_the_trace_allows():
+    from astraflow.policies import SpotTrace
+    from astraflow.policies.scaling_sim import hindsight_floor
+
+    # The trainer eats 1 row/s for 200 s; 10 rows may be made ahead (the backpressure
+    # bound), so 190 rows. Spot ($1/h a row/s, 2 GPUs) is there for the first 100 s of
+    # every 200; on demand ($3/h, 1 GPU) always.
+    work = Workload(batch_rows=10, batches_per_step=1, train_s=10.0, max_backlog_batches=1,
+                    steps=20)
+    pools = (Pool("od", price_per_hour=3.0, rows_per_s=1.0),
+             Pool("spot", spot=True, price_per_hour=1.0, rows_per_s=1.0,
+                  accelerator_count=2))
+    scn = Scenario("h", work, pools, {"spot": SpotTrace("t", 100.0, (1, 0))})
+    # No wait allowed: 100 rows from spot, 90 on demand.
+    d, g = hindsight_floor(scn, max_wait=0.0)
+    assert d == pytest.approx((100 * 1 + 90 * 3) / 3600) and g == pytest.approx(290 / 3600)
+    # A run that may wait half its time lasts 400 s and meets spot twice: all spot.
+    d, g = hindsight_floor(scn, max_wait=0.5)
+    assert d == pytest.approx(190 / 3600) and g == pytest.approx(380 / 3600)
+    # Within 285/3600 GPU-h (x spot rows: 190 + x GPU-row-s): 95 spot, 95 on demand.
+    d, g = hindsight_floor(scn, max_wait=0.5, gpu_hours=285 / 3600)
+    assert d == pytest.approx((95 + 95 * 3) / 3600, rel=1e-6) and g == pytest.approx(285 / 3600)
+    # Fewer GPU-hours than all on demand takes: no schedule.
+    assert hindsight_floor(scn, max_wait=0.5, gpu_hours=100 / 3600)[0] == float("inf")
+
+
+def test_simulator_splits_the_rollout_dollars_by_kind_and_use():
+    scn = _scenario(traces={"spot": load_trace(FIX / "trace_small.json", scale=2)})
+    run = simulate(scn, CostAware(), "cost")
+    assert sum(run.cost_use.values()) == pytest.approx(run.rollout_cost, rel=1e-9)
+    assert run.cost_use["spot rows"] > 0 and run.cost_use["on-demand cold"] > 0
+
+
 def test_plot_runs_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     from astraflow.policies.scaling_sim import plot_runs
