@@ -113,6 +113,42 @@ def test_cost_aware_hedge_grows_with_a_quiet_record_and_backs_off():
         CostAware(max_share_quiet=0.0)
 
 
+def test_cost_aware_probes_a_pool_that_only_refused_launches_through_moves():
+    """A refused launch costs nothing, and capacity that comes back shows only to a launch:
+    a spot pool held back by refusals alone (none in the last interval, no preemption) takes
+    one worker by the move rule, make before break, then doubles; growth never counts on
+    it. Demand 8 rows/s, two on-demand workers feed it (backlog half the bound: hold)."""
+    pol = CostAware(headroom=0.0, drain_s=1e9)
+
+    def plan(live=None, demand=8.0, **a):
+        return pol.plan(_obs(demand=demand, backlog=128, live=live or {"od": 2},
+                             **{"spot-a": a}))
+
+    # spot-a ($1/h) refused a launch 2 min ago (interval 60 s), nothing since: probe it
+    # with one worker; spot-b ($1.5/h) takes the other on-demand worker's rows.
+    p = plan(launch_failures_1h=2, quiet_s=120.0)
+    assert p.targets == {"od": 2, "spot-a": 1, "spot-b": 1}, p.reason
+    assert p.reason.startswith("move"), p.reason
+    # Launches refused within the last interval, a preemption in the hour, a backend that
+    # cannot tell when (quiet_s None), or the rule off: spot-a is not tried.
+    for a in ({"launch_failures_1h": 1, "quiet_s": 30.0},
+              {"launch_failures_1h": 1, "preemptions_1h": 1, "quiet_s": 600.0},
+              {"launch_failures_1h": 1}):
+        assert plan(**a).targets["spot-a"] == 0, a
+    assert CostAware(headroom=0.0, drain_s=1e9, probe_refused=False).plan(_obs(
+        demand=8.0, backlog=128, live={"od": 2},
+        **{"spot-a": {"launch_failures_1h": 2, "quiet_s": 120.0}})).targets["spot-a"] == 0
+    # A probe that started doubles (2 -> 4), within the third of the demand (40 rows/s:
+    # 4 workers), while on demand still carries the rows.
+    p = plan(live={"od": 8, "spot-a": 2}, demand=40.0, launch_failures_1h=1, quiet_s=600.0)
+    assert p.targets["spot-a"] == 4 and p.reason.startswith("move"), p.reason
+    # Growth does not count on a probe: the trainer short of rows, spot-a takes nothing.
+    p = pol.plan(_obs(demand=8.0, wait=0.5, **{"spot-a": {"launch_failures_1h": 1,
+                                                         "quiet_s": 600.0}}))
+    assert p.reason.startswith("grow") and p.targets["spot-a"] == 0, p.reason
+    assert p.targets["spot-b"] == 1 and p.targets["od"] >= 1, p.reason  # the rest on demand
+
+
 class _Record(Policy):
     """Cost-aware, remembering each pool's quiet time as the simulator observed it."""
 
