@@ -173,7 +173,7 @@ def run_case(case: Case, steps: int, out: Path, params: dict) -> dict:
           f"worker-hours {sum(h for n, h in cost.worker_hours.items() if n not in spot_names):.1f}")
     print(f"hindsight floor (perfect foresight, rows only): {hind:.3f}x fixed-od $ at any "
           f"GPU-h, {hind_gpu:.3f}x within {budget:.1f} GPU-h (the dead band's at its lowest "
-          f"wait)" + (": the cost aim is UNREACHABLE here whatever the policy" if hind_gpu > 0.6
+          f"wait)" + (": the cost aim with the GPU-hour aim is UNREACHABLE here" if hind_gpu > 0.6
                       else ""))
     print(f"cost / fixed-od rollout $ {r_cost:.3f}x (aim <= 0.6; data floor {floor:.3f}x"
           + (": UNREACHABLE by the data" if floor > 0.6 else "") + f"), trainer wait "
