@@ -2,7 +2,8 @@
 
     python benchmarks/scaling.py                     # tuning + held-out: ratios, table, PNGs
     python benchmarks/scaling.py --only "aws only"   # the scenarios whose name contains it
-    python benchmarks/scaling.py --set fresh         # the fresh held-out set (--set all: both)
+    python benchmarks/scaling.py --set fresh         # the fresh held-out set
+    python benchmarks/scaling.py --set fresh2        # the second fresh set (--set all: every set)
     python benchmarks/scaling.py --data ../shared/data --out runs/bench/scaling --steps 1500
 
 The scenarios (`benchmarks/scaling_data.py`): one TUNING scenario (AWS + GCP pools,
@@ -10,8 +11,9 @@ traces from their first tick: the one the cost policy was developed on) and HELD
 ones that each change one thing: trace windows drawn by seed, other traced zones,
 AWS alone, GCP alone, a trainer twice or half as fast; and FRESH ones (trace windows
 seeds 4-9, a third zone mapping) added before the hedge was last revised and run once
-after it (`--set fresh`). In each, the same run, on
-the same scenario:
+after it (`--set fresh`); FRESH2 ones (seeds 10-15, a fourth zone mapping) added before
+the policy's next change and first run with the policy as it was (`--set fresh2`). In
+each, the same run, on the same scenario:
 
     fixed-od      the on-demand pool cheapest per row, sized to the trainer's need
     deadband-*    the AstraFlow paper's dead band on trainer wait, on that same pool:
@@ -27,6 +29,15 @@ when no setting waits that little, cost-aware is compared with the lowest-wait o
 and meets the aim only by having fewer GPU-hours at its lower wait ("dominates").
 Where the data make the cost aim unreachable (the cheapest spot $/row over the cheapest
 on-demand $/row, before any overhead, above 0.6) the floor is printed beside it.
+
+HINDSIGHT FLOOR (`scaling_sim.hindsight_floor`): what a policy that knew every trace in
+advance would pay at least, over fixed-od's dollars: the cheapest rows the pools' traced
+capacity offers at the trainer's pace over the longest run that waits 5%, with no cold
+start, lost batch or surplus worker. Two: at any GPU-hours, and within the GPU-hours of
+the dead band's lowest-wait setting (the most a policy meeting the wait aim could be
+allowed by the GPU-hour aim). Above 0.6, no policy meets the cost aim (with the
+GPU-hour aim) on that scenario; the gap to cost-aware's ratio is what any policy could
+still save, at most.
 """
 
 from __future__ import annotations
@@ -41,7 +52,7 @@ from pathlib import Path
 from scaling_data import SETS, SPEED, Case, cases, load_catalog
 
 from astraflow.policies import Catalog, CostAware, DeadBand, Fixed, Pool, SimRun, simulate
-from astraflow.policies.scaling_sim import format_runs, plot_runs
+from astraflow.policies.scaling_sim import format_runs, hindsight_floor, plot_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 # ../shared/data beside the main checkout; a worktree under wt/ has it one level further up.
@@ -123,6 +134,11 @@ def run_case(case: Case, steps: int, out: Path, params: dict) -> dict:
     cost = simulate(scn, CostAware(**params), "cost")
     dead, reached = matched_band(bands, cost.trainer_wait_fraction)
     floor = spot_floor(scn.pools)
+    # The most GPU-hours the aim could allow a policy: its dead band at the lowest wait.
+    budget = max(matched_band(bands, w)[0].gpu_hours
+                 for w in [0.0, *(r.trainer_wait_fraction for r in bands)])
+    hind = ratio(hindsight_floor(scn)[0], fixed.rollout_cost)
+    hind_gpu = ratio(hindsight_floor(scn, gpu_hours=budget)[0], fixed.rollout_cost)
     r_cost = ratio(cost.rollout_cost, fixed.rollout_cost)
     r_gpu = ratio(cost.gpu_hours, dead.gpu_hours)
     equal_steps = cost.steps == fixed.steps == dead.steps == steps
@@ -147,6 +163,18 @@ def run_case(case: Case, steps: int, out: Path, params: dict) -> dict:
           f"{cost.launch_failures} launches refused); dollars-only: "
           f"{ratio(cost_d.rollout_cost, fixed.rollout_cost):.2f}x $, "
           f"{ratio(cost_d.gpu_hours, dead.gpu_hours):.2f}x GPU-h")
+    c, spot_names = cost.cost_use, {p.name for p in scn.pools if p.spot}
+    kinds = {k: sum(v for u, v in c.items() if u.startswith(k)) for k in ("spot", "on-demand")}
+    print(f"cost-aware $ by use: spot ${kinds['spot']:.1f} (rows {c['spot rows']:.1f}, cold "
+          f"{c['spot cold']:.1f}, blocked {c['spot blocked']:.1f}, cut off "
+          f"{c['spot lost']:.1f}), on-demand ${kinds['on-demand']:.1f} (rows "
+          f"{c['on-demand rows']:.1f}, cold {c['on-demand cold']:.1f}, blocked "
+          f"{c['on-demand blocked']:.1f}, cut off {c['on-demand lost']:.1f}); on-demand "
+          f"worker-hours {sum(h for n, h in cost.worker_hours.items() if n not in spot_names):.1f}")
+    print(f"hindsight floor (perfect foresight, rows only): {hind:.3f}x fixed-od $ at any "
+          f"GPU-h, {hind_gpu:.3f}x within {budget:.1f} GPU-h (the dead band's at its lowest "
+          f"wait)" + (": the cost aim with the GPU-hour aim is UNREACHABLE here" if hind_gpu > 0.6
+                      else ""))
     print(f"cost / fixed-od rollout $ {r_cost:.3f}x (aim <= 0.6; data floor {floor:.3f}x"
           + (": UNREACHABLE by the data" if floor > 0.6 else "") + f"), trainer wait "
           f"{cost.trainer_wait_fraction:.1%} (aim <= 5%), GPU-h / {dead.policy} "
@@ -163,7 +191,8 @@ def run_case(case: Case, steps: int, out: Path, params: dict) -> dict:
         {k: v for k, v in asdict(r).items() if k not in ("timeline", "decisions")}
         for r in [fixed, *bands, cost_d, cost]],
         "aims": {k: {"value": v, "met": ok} for k, (v, ok) in aims.items()},
-        "data_floor": floor, "matched_band": dead.policy, "band_reached_wait": reached,
+        "data_floor": floor, "hindsight_floor": hind, "hindsight_floor_gpu": hind_gpu,
+        "gpu_budget": budget, "matched_band": dead.policy, "band_reached_wait": reached,
         "band_wait": dead.trainer_wait_fraction, "traces": list(case.mapping), "png": str(png)}
 
 
@@ -183,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="which", choices=SETS, default="old",
                     help="old (default): the tuning and held-out scenarios; fresh: the ones "
                          "added after them, kept unseen until a revised hedge is run on "
-                         "them once; all: both")
+                         "them once; fresh2: a second such set; all: every set")
     ap.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                     help="a CostAware parameter for the `cost` run (default: its defaults), "
                          "e.g. --param max_pool_share=0.333")
@@ -205,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             print("  " + line)
     (ns.out / "scaling.json").write_text(json.dumps(results, indent=1, default=str))
     print(f"\n{'scenario':<26}{'':10}{'cost $ / fixed-od':>19}{'wait':>7}"
-          f"{'GPU-h / dead band':>19}  dead band matched   aims")
+          f"{'GPU-h / dead band':>19}  dead band matched   aims      hindsight floor")
     for name, r in results.items():
         a = r["aims"]
         g = a["gpu_hours_vs_deadband_at_equal_wait"]["value"]
@@ -214,9 +243,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['matched_band'][9:]:<12}{r['band_wait']:>5.1%}"
               + ("" if r["band_reached_wait"] else "*") + "   "
               + " ".join("ok" if v["met"] else "--" for v in a.values())
+              + f"  {r['hindsight_floor']:.2f}x / {r['hindsight_floor_gpu']:.2f}x"
+              + (" UNREACHABLE" if r["hindsight_floor_gpu"] > 0.6 else "")
               + (f"  (data floor {r['data_floor']:.3f}x)" if r["data_floor"] > 0.6 else ""))
     print("* no dead band setting waited as little as cost-aware: compared with its lowest "
           f"wait.  aims: cost <= 0.6x, wait <= 5%, GPU-h < 1x.  figures: {ns.out / 'scaling.json'}")
+    print("hindsight floor: the least $ over fixed-od's any policy could pay, knowing every "
+          "trace (rows only: no cold start, loss or surplus; wait <= 5%), at any GPU-h / within "
+          "the dead band's GPU-h at its lowest wait; UNREACHABLE: the second is above 0.6x")
     return 0
 
 

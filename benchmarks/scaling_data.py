@@ -24,6 +24,15 @@ after it (`--set fresh`), built by the same rules as the held-out ones:
     windows s=4..9  mapping A, each trace started at a tick drawn by seed s
     zones C         AWS + GCP pools, mapping C: for each pool a traced zone neither A nor
                     B gave it (AWS: the 1-node records, 8 workers per unit as in B)
+
+and a second fresh set (`--set fresh2`), added by issue 13's helper h-13 before it
+changed the policy and first run with the policy as it then was, by the same rules:
+
+    windows s=10..15  mapping A, each trace started at a tick drawn by seed s
+    zones D           AWS + GCP pools, mapping D: for each pool a traced zone none of A,
+                      B and C gave it (AWS: a record of the pool's own region; GCP: the
+                      GCP1 zones once more, each pool a new one, us-east1-b's all-zero
+                      record unused as in B)
 """
 
 from __future__ import annotations
@@ -79,15 +88,28 @@ MAP_C = {
     "a100-use1-spot": (f"{SH}/GCP1/europe-west4-a_a100_40gb_8.json", 2),
     "a100-usw1-spot": (f"{SH}/GCP1/us-east1-b_a100_40gb_8.json", 2),
 }
-#: The sets `cases` builds: "old" (tune + held-out), "fresh", or "all".
-SETS = ("all", "old", "fresh")
+#: Mapping D (set fresh2): each pool driven by a traced zone none of A, B and C gave it;
+#: scales as in B and C (a 1-node AWS record 8 workers, asia-northeast1-a 4).
+MAP_D = {
+    "l40s-use2-spot": (f"{ST}/availability/1-node/aws-02-15-2023/us-east-2a_v100_1.json", 8),
+    "l40s-usw2-spot": (f"{ST}/availability/16-node/aws-08-27-2023/us-west-2c_v100_1.json", 1),
+    "a10g-use2-spot": (f"{ST}/availability/16-node/aws-08-27-2023/us-east-2b_v100_1.json", 1),
+    "l4-usw2-spot": (f"{ST}/preemption/1-node/aws-04-22-2023/us-west-2b_v100_1.json", 8),
+    "a100-usc1a-spot": (f"{SH}/GCP1/europe-west4-a_a100_40gb_8.json", 2),
+    "a100-usc1b-spot": (f"{SH}/GCP1/us-west1-b_a100_40gb_8.json", 2),
+    "a100-euw4-spot": (f"{SH}/GCP1/us-central1-b_a100_40gb_8.json", 2),
+    "a100-use1-spot": (f"{SH}/GCP1/asia-northeast1-a_a100_40gb_8.json", 4),
+    "a100-usw1-spot": (f"{SH}/GCP1/us-central1-a_a100_40gb_8.json", 2),
+}
+#: The sets `cases` builds: "old" (tune + held-out), "fresh", "fresh2", or "all".
+SETS = ("all", "old", "fresh", "fresh2")
 
 
 @dataclass(frozen=True)
 class Case:
     """One scenario with what the report needs beside it."""
 
-    label: str  # "tune" | "held-out" | "fresh"
+    label: str  # "tune" | "held-out" | "fresh" | "fresh2"
     scenario: Scenario
     od_pool: str  # the on-demand pool cheapest per row: fixed-od's and the dead band's
     mapping: tuple[str, ...]  # which trace drives which pool (an assumption)
@@ -170,7 +192,7 @@ def _case(label: str, name: str, data: Path, pools: list[Pool], work: Workload,
 def cases(data: Path, steps: int, only: str | None = None,
           which: str = "all") -> tuple[list[Case], float]:
     """The tuning scenario and the held-out ones (`which`: "old"), the fresh ones
-    ("fresh") or all of them, those whose name contains `only`; and the trainer's $/h
+    ("fresh"), the second fresh ones ("fresh2") or all of them, those whose name contains `only`; and the trainer's $/h
     (one p4d.24xlarge, 8 x A100 on demand, under every policy)."""
     if which not in SETS:
         raise ValueError(f"scenario set must be one of {', '.join(SETS)}, got {which!r}")
@@ -192,10 +214,14 @@ def cases(data: Path, steps: int, only: str | None = None,
               replace(work, train_s=TRAIN_S * 2, deadline_s=steps * TRAIN_S * 2 * 1.5),
               MAP_A, 0),
     ]
-    if which == "fresh":
+    if which in ("fresh", "fresh2"):
         out = []
     if which in ("all", "fresh"):
         out += [_case("fresh", f"aws+gcp, windows s={s}", data, aws + gcp, work, MAP_A, s)
                 for s in (4, 5, 6, 7, 8, 9)]
         out += [_case("fresh", "aws+gcp, zones C", data, aws + gcp, work, MAP_C, 0)]
+    if which in ("all", "fresh2"):
+        out += [_case("fresh2", f"aws+gcp, windows s={s}", data, aws + gcp, work, MAP_A, s)
+                for s in range(10, 16)]
+        out += [_case("fresh2", "aws+gcp, zones D", data, aws + gcp, work, MAP_D, 0)]
     return [c for c in out if only is None or only in c.name], trainer_price

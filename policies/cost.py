@@ -24,6 +24,17 @@ Three rules, each with the reason it exists:
     workers move to a cheaper pool when the
     saving over the rest of the run pays for the new one's cold start; on-demand fills
     what spot cannot and is the floor when the deadline is at risk.
+  * Probing (`probe_refused`): a refused launch costs nothing and says only that the
+    pool had no capacity then; capacity that comes back shows only to a launch. So a
+    spot pool held back by refusals alone (no preemption in the last hour), and none in
+    the last interval, may take moves: one worker beyond what it has, then double while
+    no launch is refused (TCP's slow start). These workers are never counted on to feed
+    the trainers (growth still goes where launches succeed): they replace dearer workers
+    through the move rule, make before break, so a refused probe costs a plan nothing.
+    Without it, a cheap pool whose capacity returned minutes after a refusal sat unused
+    for the rest of the hour while dearer pools ran. A preempted pool keeps its hour:
+    a preemption costs a batch, a cold start and the trainers' wait, and the traces
+    show a pool that drops capacity tends to drop it again.
 """
 
 from __future__ import annotations
@@ -57,6 +68,8 @@ class CostAware(Policy):
                       spot is scarce but cost GPU-hours and wait elsewhere (README)
     max_share_quiet   most of the demand the quietest spot pool may supply (never less
                       than `max_pool_share`)
+    probe_refused     probe spot pools held back only by refused launches through the
+                      move rule (see the module docstring); needs `PoolState.quiet_s`
     """
 
     name = "cost"
@@ -67,7 +80,7 @@ class CostAware(Policy):
                  preemption_loss_s: float | None = None, deadline_margin: float = 0.9,
                  gpu_ref: str = "ondemand", gpu_slack: float = 0.0,
                  max_pool_share: float = 1 / 3, share_doubling_s: float = 0.0,
-                 max_share_quiet: float = 2 / 3):
+                 max_share_quiet: float = 2 / 3, probe_refused: bool = True):
         if gpu_ref not in self.GPU_REFS:
             raise ValueError(f"cost: gpu_ref must be one of {', '.join(self.GPU_REFS)}, "
                              f"got {gpu_ref!r}")
@@ -84,6 +97,7 @@ class CostAware(Policy):
             raise ValueError(f"cost: share_doubling_s must be >= 0, got {share_doubling_s!r}")
         self.gpu_ref, self.gpu_slack, self.max_pool_share = gpu_ref, gpu_slack, max_pool_share
         self.share_doubling_s, self.max_share_quiet = share_doubling_s, max_share_quiet
+        self.probe_refused = bool(probe_refused)
 
     # -- what a row costs in each pool --------------------------------------------
     def productive_share(self, s: PoolState) -> float:
@@ -129,6 +143,17 @@ class CostAware(Policy):
         """A spot pool that preempted workers or refused a launch in the last hour is
         short of capacity: keep what it has, grow elsewhere."""
         return not (s.pool.spot and (s.preemptions_1h or s.launch_failures_1h))
+
+    def probe_limit(self, s: PoolState, interval_s: float) -> int:
+        """Most workers a spot pool that `can_grow` refuses may hold through moves: none
+        unless only refused launches hold it back (no preemption in the last hour) and
+        none was refused in the last interval (`quiet_s`; unknown: none); then what it
+        has plus as many again, at least one (a probe, then doubling while launches
+        succeed). Those workers replace dearer ones; growth never counts on them."""
+        if (not self.probe_refused or not s.pool.spot or s.preemptions_1h
+                or not s.launch_failures_1h or s.quiet_s is None or s.quiet_s < interval_s):
+            return 0
+        return s.live + max(1, s.live)
 
     def pool_share(self, s: PoolState) -> float:
         """Most of the demand this pool may supply. On-demand: all of it. Spot: trust
@@ -206,7 +231,9 @@ class CostAware(Policy):
                     starting are never counted, so a replacement comes before a retirement;
             move    on-demand workers (or ones in pools over the GPU-hour budget) to a
                     cheaper spot pool that can take them: launch the spot ones now, and
-                    the shrink rule retires the dear ones once those give rows;
+                    the shrink rule retires the dear ones once those give rows; a pool
+                    held back only by refused launches may be probed here
+                    (`probe_limit`), as nothing counts on these launches;
             hold    otherwise: the backlog absorbs a supply a fraction of a worker off the
                     demand, so a fleet never flips a worker in and out every interval.
         """
@@ -242,21 +269,22 @@ class CostAware(Policy):
             (f"; pools at most {budget * 3.6e9:.0f} GPU-h/M rows ({ref}'s"
              + (f" x {1 + self.gpu_slack:g}" if self.gpu_slack else "") + ")" if ref else "")
 
-        def room(s: PoolState) -> int:
-            if not self.can_grow(s):
-                return 0
+        def room(s: PoolState, moving: bool = False) -> int:
+            """Workers `s` may add; `moving`: for the move rule, which may probe."""
             cap = s.pool.max_workers
+            if not self.can_grow(s):
+                cap = min(cap, self.probe_limit(s, obs.interval_s) if moving else 0)
             if s.pool.spot:  # the hedge: no one spot pool supplies more than its share
                 cap = min(cap, max(1, math.ceil(self.pool_share(s) * demand / s.throughput
                                                 - 1e-9)))
             return max(cap - targets[s.pool.name], 0)
 
-        def add(rows: float, among: list[PoolState]) -> float:
+        def add(rows: float, among: list[PoolState], moving: bool = False) -> float:
             for s in among:
                 if rows <= 1e-6:
                     break
                 per = self.useful_rows_per_s(s)
-                n = min(room(s), math.ceil(rows / per - 1e-9))
+                n = min(room(s, moving), math.ceil(rows / per - 1e-9))
                 if n > 0:
                     targets[s.pool.name] += n
                     rows -= n * per
@@ -312,8 +340,8 @@ class CostAware(Policy):
                 if s.live - s.starting <= 0:
                     continue
                 add((s.live - s.starting) * s.throughput,
-                    [c for c in by_cost if c is not s and room(c) > 0
-                     and self.move_pays(s, c, rest)])
+                    [c for c in by_cost if c is not s and room(c, moving=True) > 0
+                     and self.move_pays(s, c, rest)], moving=True)
             if used:
                 return Plan(targets, f"move: {head}; the replacements first, the dear "
                                      f"workers retire once they give rows: {', '.join(used)}")

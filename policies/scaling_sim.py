@@ -116,6 +116,8 @@ class SimRun:
     rows_lost: int  # in batches cut off by preemption
     worker_hours: dict[str, float]  # per pool
     gpu_hours_use: dict[str, float]  # rollout GPU-hours by use: rows, cold, blocked, lost
+    # rollout $ by kind and use: "spot rows", "spot cold", ..., "on-demand lost"
+    cost_use: dict[str, float]
     timeline: list[dict]  # per control tick: t, live per pool, cost, wait, backlog
     decisions: list[Decision]
 
@@ -295,14 +297,18 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
         if k.ended is None:
             end(k, t_end)
     run_s = t_end - (st["first"] or t_end)
-    use = dict.fromkeys(("rows", "cold", "blocked", "lost"), 0.0)
-    for k in workers:  # where each billed GPU-hour went (lost: batches cut off, the tail)
-        g, ready = k.pool.gpus / 3600, k.productive if k.productive is not None else k.ended
+    uses = ("rows", "cold", "blocked", "lost")
+    use = dict.fromkeys(uses, 0.0)
+    dollars = {f"{kind} {u}": 0.0 for kind in ("spot", "on-demand") for u in uses}
+    for k in workers:  # where each billed GPU-hour and dollar went (lost: cut off, the tail)
+        ready = k.productive if k.productive is not None else k.ended
         rows_s = k.rows / k.pool.rows_per_s
-        use["cold"] += (ready - k.launched) * g
-        use["rows"] += rows_s * g
-        use["blocked"] += k.blocked_s * g
-        use["lost"] += max((k.ended - ready) - rows_s - k.blocked_s, 0.0) * g
+        secs = {"cold": ready - k.launched, "rows": rows_s, "blocked": k.blocked_s,
+                "lost": max((k.ended - ready) - rows_s - k.blocked_s, 0.0)}
+        kind = "spot" if k.pool.spot else "on-demand"
+        for u, v in secs.items():
+            use[u] += v * k.pool.gpus / 3600
+            dollars[f"{kind} {u}"] += v * k.pool.price_per_hour / 3600
     hours = {p: sum((k.ended - k.launched) for k in workers if k.pool.name == p) / 3600
              for p in pools}
     return SimRun(
@@ -315,7 +321,86 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
         staleness_mean=sum(stale) / len(stale) if stale else 0.0,
         preemptions=sum(k.preempted for k in workers),
         launch_failures=sum(len(v) for v in fail_t.values()),
-        rows_lost=lost[0], worker_hours=hours, gpu_hours_use=use, timeline=timeline, decisions=decisions)
+        rows_lost=lost[0], worker_hours=hours, gpu_hours_use=use, cost_use=dollars,
+        timeline=timeline, decisions=decisions)
+
+
+def hindsight_floor(scn: Scenario, *, max_wait: float = 0.05,
+                    gpu_hours: float | None = None) -> tuple[float, float]:
+    """A lower bound on the rollout dollars of ANY policy on `scn` whose trainer waits at
+    most `max_wait` of its run (and, given `gpu_hours`, that bills at most that many
+    rollout GPU-hours), and the GPU-hours of that cheapest schedule (the bound when it
+    binds): (dollars, GPU-hours); (inf, inf) when no schedule can supply the rows.
+
+    It knows the whole trace in advance and pays only for rows: no cold starts, no
+    batches cut off, no blocked or surplus worker, fractional workers. The rows are the
+    run's (steps x rows per step, less the backpressure bound, which a policy may produce
+    ahead of the trainer's pace); at each moment of [0, steps x train_s / (1 - max_wait)]
+    (the longest run that waits no more, started at once) at most the trainer's pace,
+    from each pool at most its capacity (a traced spot pool's trace, otherwise
+    `max_workers`) x its rows/s. The cheapest such rows, taken across all moments, are a
+    linear programme; with a GPU-hour bound it is solved through its Lagrangian (rows
+    priced $ + lam x GPU-h, lam by bisection) and the best dual value is returned, which
+    is a lower bound whatever lam is. Rate-drawn preemptions are ignored (a bound)."""
+    w = scn.workload
+    pace = w.demand_rows_per_s
+    rows = w.steps * w.batch_rows * w.batches_per_step - w.max_backlog_batches * w.batch_rows
+    horizon = w.steps * w.train_s / (1.0 - max_wait)
+    pools = [p for p in scn.pools if p.max_workers > 0]
+    if rows <= 0 or not pools:
+        return (0.0, 0.0) if rows <= 0 else (math.inf, math.inf)
+    traced = {p.name: scn.traces[p.name] for p in pools if p.spot and p.name in scn.traces}
+    cuts = {0.0, horizon}
+    for tr in traced.values():
+        cuts.update(k * tr.gap_s for k in range(1, int(horizon // tr.gap_s) + 1))
+    cuts = sorted(c for c in cuts if c <= horizon)
+    spans: dict[tuple[int, ...], float] = {}  # capacity of every pool -> seconds it holds
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        caps = tuple(traced[p.name].capacity(a) if p.name in traced else p.max_workers
+                     for p in pools)
+        spans[caps] = spans.get(caps, 0.0) + (b - a)
+    usd = [p.price_per_hour / 3600 / p.rows_per_s for p in pools]  # $ per row
+    gph = [p.gpus / 3600 / p.rows_per_s for p in pools]  # GPU-hours per row
+
+    def cheapest(lam: float) -> tuple[float, float]:
+        order = sorted(range(len(pools)), key=lambda j: usd[j] + lam * gph[j])
+        menu = []  # (price with lam, $ per row, GPU-h per row, rows)
+        for caps, secs in spans.items():
+            left = pace
+            for j in order:
+                r = min(caps[j] * pools[j].rows_per_s, left)
+                if r > 0:
+                    menu.append((usd[j] + lam * gph[j], usd[j], gph[j], r * secs))
+                    left -= r
+                if left <= 1e-12:
+                    break
+        menu.sort()
+        need, dollars, gpu = float(rows), 0.0, 0.0
+        for _, u, g, r in menu:
+            take = min(r, need)
+            dollars, gpu, need = dollars + take * u, gpu + take * g, need - take
+            if need <= 1e-9:
+                return dollars, gpu
+        return math.inf, math.inf
+
+    dollars, gpu = cheapest(0.0)
+    if gpu_hours is None or gpu <= gpu_hours or math.isinf(dollars):
+        return dollars, gpu
+    best, lo, hi = -math.inf, 0.0, 1.0
+    while True:  # the dual bound d(lam) + lam (g(lam) - budget), for every lam tried
+        d, g = cheapest(hi)
+        best = max(best, d + hi * (g - gpu_hours))
+        if g <= gpu_hours or hi > 1e6:
+            break
+        lo, hi = hi, hi * 4
+    if g > gpu_hours:  # even the fewest GPU-hours per row take more than the budget
+        return math.inf, math.inf
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        d, g = cheapest(mid)
+        best = max(best, d + mid * (g - gpu_hours))
+        lo, hi = (mid, hi) if g > gpu_hours else (lo, mid)
+    return best, gpu_hours
 
 
 def format_runs(runs: list[SimRun]) -> str:

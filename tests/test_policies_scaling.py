@@ -113,6 +113,42 @@ def test_cost_aware_hedge_grows_with_a_quiet_record_and_backs_off():
         CostAware(max_share_quiet=0.0)
 
 
+def test_cost_aware_probes_a_pool_that_only_refused_launches_through_moves():
+    """A refused launch costs nothing, and capacity that comes back shows only to a launch:
+    a spot pool held back by refusals alone (none in the last interval, no preemption) takes
+    one worker by the move rule, make before break, then doubles; growth never counts on
+    it. Demand 8 rows/s, two on-demand workers feed it (backlog half the bound: hold)."""
+    pol = CostAware(headroom=0.0, drain_s=1e9)
+
+    def plan(live=None, demand=8.0, **a):
+        return pol.plan(_obs(demand=demand, backlog=128, live=live or {"od": 2},
+                             **{"spot-a": a}))
+
+    # spot-a ($1/h) refused a launch 2 min ago (interval 60 s), nothing since: probe it
+    # with one worker; spot-b ($1.5/h) takes the other on-demand worker's rows.
+    p = plan(launch_failures_1h=2, quiet_s=120.0)
+    assert p.targets == {"od": 2, "spot-a": 1, "spot-b": 1}, p.reason
+    assert p.reason.startswith("move"), p.reason
+    # Launches refused within the last interval, a preemption in the hour, a backend that
+    # cannot tell when (quiet_s None), or the rule off: spot-a is not tried.
+    for a in ({"launch_failures_1h": 1, "quiet_s": 30.0},
+              {"launch_failures_1h": 1, "preemptions_1h": 1, "quiet_s": 600.0},
+              {"launch_failures_1h": 1}):
+        assert plan(**a).targets["spot-a"] == 0, a
+    assert CostAware(headroom=0.0, drain_s=1e9, probe_refused=False).plan(_obs(
+        demand=8.0, backlog=128, live={"od": 2},
+        **{"spot-a": {"launch_failures_1h": 2, "quiet_s": 120.0}})).targets["spot-a"] == 0
+    # A probe that started doubles (2 -> 4), within the third of the demand (40 rows/s:
+    # 4 workers), while on demand still carries the rows.
+    p = plan(live={"od": 8, "spot-a": 2}, demand=40.0, launch_failures_1h=1, quiet_s=600.0)
+    assert p.targets["spot-a"] == 4 and p.reason.startswith("move"), p.reason
+    # Growth does not count on a probe: the trainer short of rows, spot-a takes nothing.
+    p = pol.plan(_obs(demand=8.0, wait=0.5, **{"spot-a": {"launch_failures_1h": 1,
+                                                         "quiet_s": 600.0}}))
+    assert p.reason.startswith("grow") and p.targets["spot-a"] == 0, p.reason
+    assert p.targets["spot-b"] == 1 and p.targets["od"] >= 1, p.reason  # the rest on demand
+
+
 class _Record(Policy):
     """Cost-aware, remembering each pool's quiet time as the simulator observed it."""
 
@@ -240,6 +276,39 @@ def test_simulator_rate_preemptions_and_deadband_adapts():
     assert db.finished and grew >= 4  # grew from 1 until the trainer stopped waiting
     rate = simulate(scn, Fixed(5, "spot"), "spot")
     assert rate.preemptions > 0 and rate.rows_lost >= 0
+
+
+def test_hindsight_floor_is_the_cheapest_rows_the_trace_allows():
+    from astraflow.policies import SpotTrace
+    from astraflow.policies.scaling_sim import hindsight_floor
+
+    # The trainer eats 1 row/s for 200 s; 10 rows may be made ahead (the backpressure
+    # bound), so 190 rows. Spot ($1/h a row/s, 2 GPUs) is there for the first 100 s of
+    # every 200; on demand ($3/h, 1 GPU) always.
+    work = Workload(batch_rows=10, batches_per_step=1, train_s=10.0, max_backlog_batches=1,
+                    steps=20)
+    pools = (Pool("od", price_per_hour=3.0, rows_per_s=1.0),
+             Pool("spot", spot=True, price_per_hour=1.0, rows_per_s=1.0,
+                  accelerator_count=2))
+    scn = Scenario("h", work, pools, {"spot": SpotTrace("t", 100.0, (1, 0))})
+    # No wait allowed: 100 rows from spot, 90 on demand.
+    d, g = hindsight_floor(scn, max_wait=0.0)
+    assert d == pytest.approx((100 * 1 + 90 * 3) / 3600) and g == pytest.approx(290 / 3600)
+    # A run that may wait half its time lasts 400 s and meets spot twice: all spot.
+    d, g = hindsight_floor(scn, max_wait=0.5)
+    assert d == pytest.approx(190 / 3600) and g == pytest.approx(380 / 3600)
+    # Within 285/3600 GPU-h (x spot rows: 190 + x GPU-row-s): 95 spot, 95 on demand.
+    d, g = hindsight_floor(scn, max_wait=0.5, gpu_hours=285 / 3600)
+    assert d == pytest.approx((95 + 95 * 3) / 3600, rel=1e-6) and g == pytest.approx(285 / 3600)
+    # Fewer GPU-hours than all on demand takes: no schedule.
+    assert hindsight_floor(scn, max_wait=0.5, gpu_hours=100 / 3600)[0] == float("inf")
+
+
+def test_simulator_splits_the_rollout_dollars_by_kind_and_use():
+    scn = _scenario(traces={"spot": load_trace(FIX / "trace_small.json", scale=2)})
+    run = simulate(scn, CostAware(), "cost")
+    assert sum(run.cost_use.values()) == pytest.approx(run.rollout_cost, rel=1e-9)
+    assert run.cost_use["spot rows"] > 0 and run.cost_use["on-demand cold"] > 0
 
 
 def test_plot_runs_writes_a_png(tmp_path):
