@@ -10,7 +10,9 @@ commits what is staged), records a ledger step for it, and runs maintenance
 (`TrajectoryStore.maintain`: compaction + old-version cleanup) every
 `--maintain-every` seconds with `--retain` seconds of retention (standing in for
 the 10 minutes of a real run). For each 1/24 of the run ("hour") it prints the
-read-next-batch latency (p50/p99), and the table's fragments, versions and rows.
+read-next-batch latency (p50/p99), the CPU seconds this process spent in it (p50: the
+work, which a busy shared machine does not inflate the way it inflates latency), and
+the table's fragments, versions and rows.
 At the end `astraflow audit` checks the run: every row consumed exactly once.
 The machine this ran on was shared; compare the hours with each other.
 """
@@ -68,11 +70,12 @@ def main() -> None:
           f"{args.maintain_every:g}s keeping {args.retain:g}s of versions; writers wait at "
           f"{args.backlog or 'no'} unread rows")
     print(f"{'hour':>4} {'rows':>9} {'t s':>6} {'read p50 ms':>11} {'read p99 ms':>11} "
-          f"{'fragments':>9} {'versions':>8} {'staged':>6} {'maint s':>7}")
+          f"{'cpu p50 ms':>10} {'fragments':>9} {'versions':>8} {'staged':>6} {'maint s':>7}")
     try:
         t0 = last_maint = time.time()
         step = cursor = consumed = 0
         lat: list[float] = []
+        cpu: list[float] = []
         maint_s = 0.0
         hour = 0
         stop_at = t0 + 60 * args.max_minutes
@@ -82,7 +85,7 @@ def main() -> None:
                 for p in procs:
                     p.kill()
                 writing = False
-            r0 = time.perf_counter()
+            r0, c0 = time.perf_counter(), time.process_time()
             sl = traj.read_after(pol, cursor, min_rows=args.read_rows, max_rows=args.read_rows,
                                  columns=["traj_id", "behavior_version", "reward"])
             if sl is None and not writing:
@@ -93,6 +96,7 @@ def main() -> None:
                 time.sleep(0.02)
                 continue
             lat.append(time.perf_counter() - r0)
+            cpu.append(time.process_time() - c0)
             ledger.record(LedgerEntry(policy=pol, step=step, cursor_start=sl.start, cursor_end=sl.end,
                                       rows_read=sl.num_rows, rows_used=sl.num_rows, rows_stale=0,
                                       rows_filtered=0, optimizer_step=True, weight_version=0))
@@ -108,9 +112,10 @@ def main() -> None:
                 ds = traj.table(pol).to_lance()
                 ms = np.array(lat) * 1000
                 print(f"{hour:>4} {consumed:>9,} {time.time() - t0:>6.0f} {np.percentile(ms, 50):>11.1f} "
-                      f"{np.percentile(ms, 99):>11.1f} {len(ds.get_fragments()):>9} "
+                      f"{np.percentile(ms, 99):>11.1f} {np.percentile(cpu, 50) * 1000:>10.1f} "
+                      f"{len(ds.get_fragments()):>9} "
                       f"{len(ds.versions()):>8} {traj.pending(pol):>6} {maint_s:>7.1f}", flush=True)
-                lat = []
+                lat, cpu = [], []
     finally:  # the trainer's side failed or finished: no writer outlives the benchmark
         for p in procs:
             if p.poll() is None:

@@ -58,6 +58,7 @@ from typing import Any
 import pyarrow as pa
 
 from astraflow.stores import retry
+from astraflow.stores._lance import FragmentFacts
 from astraflow.stores.objects import ObjectStore
 
 STAGED = "_staged"
@@ -110,13 +111,16 @@ class Staging:
     """The staged batches of one table: write, stage, list, commit."""
 
     def __init__(self, root: str, table: str, dataset: Callable[[], Any], *,
-                 storage_options: dict[str, str] | None, budget_s: float):
+                 storage_options: dict[str, str] | None, budget_s: float,
+                 facts: FragmentFacts | None = None):
         self.objects = ObjectStore(root, retry_budget_s=budget_s)
         self.rel = f"{STAGED}/{table}"
         self.table = table
         self.dataset = dataset  # the newest version of the table's Lance dataset
         self.opts = storage_options or None
         self.budget_s = budget_s
+        #: The table's per-fragment data files, parsed once per fragment (`_lance`).
+        self.facts = facts if facts is not None else FragmentFacts()
         self._skip = 0
         #: The dataset this writer's last commit returned (or last opened): a writer
         #: alone reuses it instead of opening the newest version per append (one
@@ -240,7 +244,7 @@ class Staging:
                 return None
             ds = self.dataset()
             staged = self.load(todo_names)
-            present = {df.path for f in ds.get_fragments() for df in f.metadata.files}
+            present = self.facts.files(ds)
             todo = [s for s in staged if not set(s.files) <= present]
             version = None
             if todo:
@@ -264,5 +268,5 @@ class Staging:
 
         Call with `ds` opened BEFORE this lists the markers: a batch in `ds` had its
         marker written before its commit, so it is either listed here or settled."""
-        present = {df.path for f in ds.get_fragments() for df in f.metadata.files}
+        present = self.facts.files(ds)
         return {p for s in self.load(self.pending()) for p in s.files if p in present}

@@ -70,6 +70,7 @@ class TrajectoryStore:
         self._db = _lance.connect(uri, retry_budget_s)
         self._tables: dict[str, Any] = {}
         self._staging: dict[str, Staging] = {}
+        self._facts: dict[str, _lance.FragmentFacts] = {}
 
     def table(self, policy: str) -> Any:
         if policy not in self._tables:
@@ -78,13 +79,20 @@ class TrajectoryStore:
             )
         return self._tables[policy]
 
+    def fragment_facts(self, policy: str) -> _lance.FragmentFacts:
+        """The table's per-fragment facts, kept between reads (`_lance.FragmentFacts`)."""
+        if policy not in self._facts:
+            self._facts[policy] = _lance.FragmentFacts()
+        return self._facts[policy]
+
     def staging(self, policy: str) -> Staging:
         """The table's staged batches and their committer (`stores.staging`)."""
         if policy not in self._staging:
             table = self.table(policy)
             self._staging[policy] = Staging(
                 self.uri.rstrip("/"), table_name(policy), lambda: _lance.latest_dataset(table),
-                storage_options=lance_storage_options(self.uri), budget_s=self.budget_s)
+                storage_options=lance_storage_options(self.uri), budget_s=self.budget_s,
+                facts=self.fragment_facts(policy))
         return self._staging[policy]
 
     def commit_staged(self, policy: str) -> int | None:
@@ -187,7 +195,8 @@ class TrajectoryStore:
             if int(ds.version) <= cursor:
                 return 0
             return _lance.scan_after(ds, cursor, columns=[_lance.CREATED_AT_VERSION],
-                                     filter=f"{_lance.CREATED_AT_VERSION} > {int(cursor)}").num_rows
+                                     filter=f"{_lance.CREATED_AT_VERSION} > {int(cursor)}",
+                                     facts=self.fragment_facts(policy)).num_rows
 
         return staged + self._read(policy, read, "backlog count")
 
@@ -228,6 +237,7 @@ class TrajectoryStore:
                 ds, cursor, columns=[*cols, _lance.CREATED_AT_VERSION],
                 filter=f"{_lance.CREATED_AT_VERSION} > {int(cursor)} "
                 f"AND {_lance.CREATED_AT_VERSION} <= {top}",
+                facts=self.fragment_facts(policy),
             )
 
         top, rows = self._read(policy, read, "read")
