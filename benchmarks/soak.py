@@ -104,8 +104,11 @@ def main() -> None:
             ledger.write_progress(Progress(pol, step - 1, cursor, consumed, 0, time.time()))
             if time.time() - last_maint > args.maintain_every:
                 m0 = time.time()
-                traj.maintain(pol, retain=timedelta(seconds=args.retain))
-                ctx.ledger().maintain()
+                try:  # best effort, as the launcher's maintenance is: a lost race skips a round
+                    traj.maintain(pol, retain=timedelta(seconds=args.retain))
+                    ctx.ledger().maintain()
+                except OSError as err:
+                    print(f"maintenance skipped: {err}", flush=True)
                 maint_s, last_maint = time.time() - m0, time.time()
             if consumed >= (hour + 1) * hour_rows:
                 hour += 1
