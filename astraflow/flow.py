@@ -355,6 +355,12 @@ class RolloutSpec(Spec):
     """A worker stops producing when its loaded weights trail the newest by more."""
     threads: int = Field(1, ge=1)
     """Torch intra-op threads per worker process."""
+    skip_solved_versions: int = Field(0, ge=0)
+    """Dynamic sampling at the source: a task whose every sample scored at least 1.0 in a
+    group this worker ran is not drawn again by it for this many versions of the (primary)
+    policy (redrawn instead, at most 20 times per slot). Such a group has zero advantage
+    and is filtered after its rollout was paid for. 0: off. Useful when a run revisits its
+    training tasks (a finite pool); the memory is each worker's own."""
 
 
 class TrainerSpec(Spec):

@@ -43,6 +43,7 @@ import torch
 
 from astraflow.models.codec import Codec
 from astraflow.rollout.engine import Engine, Generation, generate_with_stops, make_engine
+from astraflow.rollout.sampler import TaskSampler
 from astraflow.run import RunContext
 from astraflow.stores import Progress, TamperedWeights, WeightError
 from astraflow.workflows import Workflow
@@ -102,6 +103,8 @@ class RolloutWorker:
         seed = hash((ctx.flow.seed, worker_id, time.time_ns())) & 0x7FFFFFFF
         self.rng = random.Random(seed)
         self.gen = torch.Generator().manual_seed(seed)
+        self.sampler = TaskSampler(self.env, self.rng,
+                                   skip_versions=ctx.flow.rollout.skip_solved_versions)
         self.engines: dict[str, Engine] = {}
         self.versions: dict[str, int | None] = dict.fromkeys(self.policies)
         self.newest: dict[str, int | None] = dict.fromkeys(self.policies)
@@ -224,9 +227,11 @@ class RolloutWorker:
         assert all(v is not None for v in self.versions.values()), "refresh_weights() first"
         ro = self.ctx.flow.rollout
         t0 = time.time()
-        tasks = [self.env.sample(self.rng) for _ in range(ro.prompts_per_batch)]
+        version = self.version  # the batch's tasks and their solved record use one version
+        tasks = self.sampler.draw(ro.prompts_per_batch, version)
         actor = _Actor(self)
         parts = self.workflow.episodes(tasks, actor)
+        self.sampler.record(parts, version)
         t_roll = time.time()
         now = datetime.now(UTC)
         batch_tag = uuid.uuid4().hex[:12]  # unique across restarts of this worker id
@@ -261,6 +266,7 @@ class RolloutWorker:
                 "append_s": time.time() - t_a, "batch_s": t_roll - t0,
                 "backpressure_s": self.last_wait_s, "rows": 0 if shed else len(prow),
                 "rows_shed": len(prow) if shed else 0, "reload_s": self.reload_s.pop(policy, 0.0),
+                "draws_skipped": self.sampler.skipped,
                 "reward_mean": sum(r["reward"] for r in prow) / len(prow),
                 "truncated_frac": actor.truncated[policy] / max(actor.completions[policy], 1),
                 # multi-turn episodes (tool_agent): seconds their tool calls took, summed
