@@ -487,6 +487,13 @@ class StoreSpec(Spec):
     `stores.staging`). `direct`: one `table.add` per batch, retried through conflicts
     (the old path; every writer races for the manifest)."""
 
+    retire_consumed: bool = True
+    """Maintenance moves trajectory rows every trainer restart point has passed (the
+    oldest checkpoint's cursor) from `traj_<policy>` to `retired_<policy>`. Lance keeps
+    each row's creating commit in the table's manifest, so without this every commit
+    costs more the longer the run (a 100,000-commit soak: manifests of 2.5 MB by the
+    end, read-next-batch p50 138 -> 446 ms). Audits, replays, `inspect` and the dashboard read both tables."""
+
     metrics_every_s: float = Field(1.0, ge=0)
     """Trainers and rollout workers commit their metrics rows at most once per this
     many seconds (and when they idle or stop), not once per step: fewer, larger

@@ -271,8 +271,10 @@ def _maintain(ctx: RunContext) -> None:
     """Compact the run's tables so reads stay fast as small commits pile up."""
     try:
         traj = ctx.trajectories()
+        ckpts = ctx.checkpoints() if ctx.flow.store.retire_consumed else None
         for p in ctx.flow.policy_names():
-            traj.maintain(p)
+            # Rows behind every checkpoint a restarted trainer could resume from.
+            traj.maintain(p, retire_upto=ckpts.oldest_cursor(p) if ckpts else None)
         ctx.ledger().maintain()
     except Exception as err:  # maintenance is best effort; data is never at stake here
         log.warning("maintenance skipped: %s", err)

@@ -12,7 +12,10 @@ commits what is staged), records a ledger step for it, and runs maintenance
 the 10 minutes of a real run). For each 1/24 of the run ("hour") it prints the
 read-next-batch latency (p50/p99), the CPU seconds this process spent in it (p50: the
 work, which a busy shared machine does not inflate the way it inflates latency), and
-the table's fragments, versions and rows.
+the table's fragments, versions and newest manifest's size (KB). Maintenance also
+retires the rows behind the trainer's cursor to the policy's archive table
+(`TrajectoryStore.retire`, as the launcher does with `store.retire_consumed`);
+`--no-retire` keeps every row in the live table, as before that existed.
 At the end `astraflow audit` checks the run: every row consumed exactly once.
 The machine this ran on was shared; compare the hours with each other.
 """
@@ -35,6 +38,17 @@ from astraflow.local import prepare_run
 from astraflow.stores import LedgerEntry, Progress
 
 
+def manifest_kb(ds) -> str:
+    """Size of the table's newest manifest (a local store), which every commit writes and
+    every read of a new version parses: Lance keeps each row's creating commit in it."""
+    try:
+        newest = max((Path(ds.uri) / "_versions").glob("*.manifest"),
+                     key=lambda p: p.stat().st_mtime)
+        return f"{newest.stat().st_size / 1024:.0f}"
+    except (OSError, ValueError):  # removed by a cleanup meanwhile, or a remote store
+        return "-"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--flow", default="examples/math.yaml")
@@ -49,6 +63,8 @@ def main() -> None:
     ap.add_argument("--backlog", type=int, default=512,
                     help="rows not yet read at which writers wait, as rollout workers do at "
                          "rollout.max_backlog_batches (0: no bound, an overload test)")
+    ap.add_argument("--no-retire", action="store_true",
+                    help="keep consumed rows in the live table (no `retire` in maintenance)")
     args = ap.parse_args()
 
     ctx = prepare_run(load_flow(args.flow, {"name": "bench-soak"}), Path(args.root), overwrite=True)
@@ -68,9 +84,11 @@ def main() -> None:
     print(f"soak: {per * args.writers:,} appends of {args.rows} rows by {args.writers} writer "
           f"processes; trainer reads {args.read_rows} rows per step; maintenance every "
           f"{args.maintain_every:g}s keeping {args.retain:g}s of versions; writers wait at "
-          f"{args.backlog or 'no'} unread rows")
+          f"{args.backlog or 'no'} unread rows; consumed rows "
+          f"{'kept in the live table' if args.no_retire else 'retired'}")
     print(f"{'hour':>4} {'rows':>9} {'t s':>6} {'read p50 ms':>11} {'read p99 ms':>11} "
-          f"{'cpu p50 ms':>10} {'fragments':>9} {'versions':>8} {'staged':>6} {'maint s':>7}")
+          f"{'cpu p50 ms':>10} {'fragments':>9} {'versions':>8} {'manifest KB':>11} "
+          f"{'live rows':>9} {'staged':>6} {'maint s':>7}")
     try:
         t0 = last_maint = time.time()
         step = cursor = consumed = 0
@@ -105,7 +123,8 @@ def main() -> None:
             if time.time() - last_maint > args.maintain_every:
                 m0 = time.time()
                 try:  # best effort, as the launcher's maintenance is: a lost race skips a round
-                    traj.maintain(pol, retain=timedelta(seconds=args.retain))
+                    traj.maintain(pol, retain=timedelta(seconds=args.retain),
+                                  retire_upto=None if args.no_retire else cursor)
                     ctx.ledger().maintain()
                 except OSError as err:
                     print(f"maintenance skipped: {err}", flush=True)
@@ -117,7 +136,8 @@ def main() -> None:
                 print(f"{hour:>4} {consumed:>9,} {time.time() - t0:>6.0f} {np.percentile(ms, 50):>11.1f} "
                       f"{np.percentile(ms, 99):>11.1f} {np.percentile(cpu, 50) * 1000:>10.1f} "
                       f"{len(ds.get_fragments()):>9} "
-                      f"{len(ds.versions()):>8} {traj.pending(pol):>6} {maint_s:>7.1f}", flush=True)
+                      f"{len(ds.versions()):>8} {manifest_kb(ds):>11} {ds.count_rows():>9,} "
+                      f"{traj.pending(pol):>6} {maint_s:>7.1f}", flush=True)
                 lat, cpu = [], []
     finally:  # the trainer's side failed or finished: no writer outlives the benchmark
         for p in procs:

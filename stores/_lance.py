@@ -49,18 +49,32 @@ def connect(uri: str | Path, budget_s: float = retry.DEFAULT_BUDGET_S) -> Any:
 
 
 def open_or_create(db: Any, name: str, schema: pa.Schema,
-                   budget_s: float = retry.DEFAULT_BUDGET_S) -> Any:
+                   budget_s: float = retry.DEFAULT_BUDGET_S, *,
+                   stable_row_ids: bool = True) -> Any:
     """Open table `name`, creating it with stable row ids if it does not exist.
 
     Stable row ids make `_row_created_at_version` the commit version of each
     row and keep it through compaction, which is what our cursors rely on.
-    Two processes may race to create the table; the loser opens it.
+    Two processes may race to create the table; the loser opens it. A table no
+    cursor follows (an archive) goes without: Lance then keeps no per-commit
+    lineage in its manifest.
     """
-    return retry.call(lambda: _open_or_create(db, name, schema), what=f"opening table {name!r}",
-                budget_s=budget_s)
+    return retry.call(lambda: _open_or_create(db, name, schema, stable_row_ids),
+                      what=f"opening table {name!r}", budget_s=budget_s)
 
 
-def _open_or_create(db: Any, name: str, schema: pa.Schema) -> Any:
+def open_existing(db: Any, name: str, budget_s: float = retry.DEFAULT_BUDGET_S) -> Any | None:
+    """Table `name`, or None when it does not exist (readers never create tables)."""
+    def attempt() -> Any | None:
+        try:
+            return db.open_table(name)
+        except (ValueError, FileNotFoundError):
+            return None
+
+    return retry.call(attempt, what=f"opening table {name!r}", budget_s=budget_s)
+
+
+def _open_or_create(db: Any, name: str, schema: pa.Schema, stable_row_ids: bool = True) -> Any:
     try:
         return db.open_table(name)
     except (ValueError, FileNotFoundError):
@@ -70,7 +84,7 @@ def _open_or_create(db: Any, name: str, schema: pa.Schema) -> Any:
             name,
             schema=schema,
             exist_ok=True,
-            storage_options={"new_table_enable_stable_row_ids": "true"},
+            storage_options={"new_table_enable_stable_row_ids": "true"} if stable_row_ids else None,
         )
     except Exception:  # a concurrent creator won the race: open what it made
         return db.open_table(name)

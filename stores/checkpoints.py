@@ -118,6 +118,22 @@ class CheckpointStore:
             files[name] = data
         return Checkpoint(policy=policy, step=step, meta=man["meta"], files=files)
 
+    def meta(self, policy: str, step: int) -> dict[str, Any] | None:
+        """A complete checkpoint's meta (step, cursor, ...) from its manifest alone, without
+        reading or verifying its files; None when it is gone or unreadable."""
+        try:
+            return json.loads(self.objects.get_bytes(self._rel(policy, step, MANIFEST)))["meta"]
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            return None
+
+    def oldest_cursor(self, policy: str) -> int:
+        """The lowest table cursor any complete checkpoint of `policy` would resume from:
+        rows at or before it are behind every restart (0 when there is no checkpoint:
+        a trainer without one starts from the beginning)."""
+        cursors = [m.get("cursor", 0) for s in self.steps(policy)
+                   if (m := self.meta(policy, s)) is not None]
+        return int(min(cursors)) if cursors else 0
+
     def latest(self, policy: str) -> Checkpoint | None:
         """The newest checkpoint that verifies; damaged ones are reported and skipped."""
         for step in reversed(self.steps(policy)):

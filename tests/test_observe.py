@@ -476,3 +476,22 @@ def test_dashboard_assets_ship_in_the_package():
     assert {p.name for p in STATIC.iterdir()} >= {"index.html", "app.js"}
     assert plotly_js().stat().st_size > 1_000_000
     assert "plotly" in " ".join(cfg["project"]["optional-dependencies"]["dashboard"])
+
+
+def test_status_inspect_and_a_fresh_view_see_retired_rows(local_run):
+    """Rows the launcher retired (`TrajectoryStore.retire`) still count and show."""
+    traj = local_run.trajectories()
+    first = traj.read_after("solver", 0, min_rows=1, max_rows=4)
+    assert first is not None and first.num_rows == 4
+    assert traj.retire("solver", first.end) == 4  # w0's commit leaves the live table
+    res = runner.invoke(app, ["status", str(local_run.run_dir), "--json"])
+    assert json.loads(res.output)["trajectory_rows"] == 8
+    res = runner.invoke(app, ["inspect", str(local_run.run_dir), "--version", "0", "--json",
+                              "--where", "reward > 0.5"])
+    eps = [json.loads(line) for line in res.output.splitlines()]
+    assert res.exit_code == 0 and len(eps) == 2
+    assert {e["worker"] for e in eps} == {"w0"}
+    assert all(e["advantage"] == pytest.approx(1.0, abs=1e-3) for e in eps)
+    view = RunView(local_run, episodes=3).refresh()
+    assert view.rows["solver"].workers == ["w0"] * 4 + ["w1"] * 4
+    assert [r["worker"] for r in view.rows["solver"].newest] == ["w1"] * 3

@@ -58,15 +58,9 @@ def query(ctx: RunContext, policy: str, *, version: int | None = None, where: st
     if version is not None:
         clauses.append(f"behavior_version = {int(version)}")
     flt = " AND ".join(clauses) or None
-    table = ctx.trajectories().table(policy)
-
-    def read() -> pa.Table:
-        ds = _lance.latest_dataset(table)
-        return ds.to_table(filter=flt, columns=[_lance.CREATED_AT_VERSION, "created_at",
-                                                "traj_id"])
-
-    try:
-        keys = read()
+    traj = ctx.trajectories()
+    try:  # live and retired rows (`TrajectoryStore.scan`)
+        keys = traj.scan(policy, ["created_at", "traj_id"], flt, retry_reads=False)
     except Exception as err:  # lance's parser/planner errors: ValueError, OSError, ...
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
         msg = re.sub(r",\s*/\S+\.rs:\d+:\d+", "", msg)  # lance's Rust source location
@@ -76,7 +70,7 @@ def query(ctx: RunContext, policy: str, *, version: int | None = None, where: st
     keys = keys.sort_by([(_lance.CREATED_AT_VERSION, "descending"),
                          ("created_at", "descending")]).slice(0, limit)
     ids = ", ".join(f"'{_lance.sql_str(t)}'" for t in keys.column("traj_id").to_pylist())
-    rows = _lance.latest_dataset(table).to_table(filter=f"traj_id IN ({ids})")
+    rows = traj.scan(policy, where=f"traj_id IN ({ids})").drop_columns([_lance.CREATED_AT_VERSION])
     order = {t: i for i, t in enumerate(keys.column("traj_id").to_pylist())}
     return rows.take(sorted(range(rows.num_rows),
                             key=lambda i: order[rows.column("traj_id")[i].as_py()]))
@@ -92,9 +86,8 @@ def advantages(ctx: RunContext, policy: str, rows: pa.Table) -> dict[str, float]
 
     groups = ", ".join(f"'{_lance.sql_str(g)}'"
                        for g in set(rows.column("group_id").to_pylist()))
-    table = ctx.trajectories().table(policy)
-    members = _lance.latest_dataset(table).to_table(
-        filter=f"group_id IN ({groups})", columns=["traj_id", "group_id", "reward"])
+    members = ctx.trajectories().scan(policy, ["traj_id", "group_id", "reward"],
+                                      f"group_id IN ({groups})")
     out = group_advantages(members, None, **spec.params).rows  # type: ignore[arg-type]
     return dict(zip(out.column("traj_id").to_pylist(), out.column("advantage").to_pylist(),
                     strict=True))

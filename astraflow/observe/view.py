@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 from astraflow.run import RunContext
 from astraflow.stores import _lance
 from astraflow.stores.ledger import METRICS_SCHEMA, Ledger, Progress
+from astraflow.stores.trajectories import ARCHIVED_VERSION
 
 #: Width of the time bins of `workers_per_pool`, seconds.
 BIN_S = 5.0
@@ -162,9 +163,12 @@ class RunView:
         keep = pr.newest.maxlen or 20
         self.reads[f"traj_{policy}"] += 1
         held = self._held_traj[policy]
+        first = self._traj_at[policy] == _lance.Cursor()
         self._traj_at[policy], new = self._traj._read(
             policy, lambda: _lance.read_after(held, self._traj_at[policy], LIGHT,
                                               tail=(EPISODE, keep)), "read")
+        if first:
+            new = self._with_retired(policy, new)
         if new is None or new.num_rows == 0:
             return
         new = new.sort_by([(_lance.CREATED_AT_VERSION, "ascending")])
@@ -182,6 +186,29 @@ class RunView:
         full = new.filter(pc.is_valid(new.column("traj_id")))
         tail = full.slice(max(0, full.num_rows - keep))
         pr.newest.extend(tail.drop_columns([_lance.CREATED_AT_VERSION]).to_pylist())
+
+    def _with_retired(self, policy: str, live: pa.Table | None) -> pa.Table | None:
+        """The first read of a table also takes the rows retired before it
+        (`TrajectoryStore.retire`): those older than every live row the read returned
+        (the live read came first, and a retirement archives a row before the table
+        lets it go, so the older archived rows are exactly the ones the live read
+        could not see). A view that then pauses longer than the run keeps consumed rows
+        live may miss rows retired meanwhile: the page's counts, not the run's data."""
+        arch = self._traj.archive(policy)
+        if arch is None:
+            return live
+        below = (None if live is None or live.num_rows == 0
+                 else pc.min(live.column(_lance.CREATED_AT_VERSION)).as_py())
+        flt = None if below is None else f"{ARCHIVED_VERSION} < {int(below)}"
+        old = self._traj._read(policy, lambda: _lance.latest_dataset(arch).to_table(
+            columns=[*LIGHT, ARCHIVED_VERSION], filter=flt), "retired rows read")
+        if old.num_rows == 0:
+            return live
+        old = old.rename_columns([*LIGHT, _lance.CREATED_AT_VERSION])
+        if live is None:
+            return old
+        old = old.cast(pa.schema([live.schema.field(n) for n in old.column_names]))
+        return pa.concat_tables([old, live], promote_options="default")
 
     def _read_components(self) -> None:
         path = self.ctx.run_dir / "components.json"
