@@ -4,6 +4,7 @@
     python benchmarks/scaling.py --only "aws only"   # the scenarios whose name contains it
     python benchmarks/scaling.py --set fresh         # the fresh held-out set
     python benchmarks/scaling.py --set fresh2        # the second fresh set (--set all: every set)
+    python benchmarks/scaling.py --set fresh3        # the third fresh set
     python benchmarks/scaling.py --data ../shared/data --out runs/bench/scaling --steps 1500
 
 The scenarios (`benchmarks/scaling_data.py`): one TUNING scenario (AWS + GCP pools,
@@ -12,7 +13,8 @@ ones that each change one thing: trace windows drawn by seed, other traced zones
 AWS alone, GCP alone, a trainer twice or half as fast; and FRESH ones (trace windows
 seeds 4-9, a third zone mapping) added before the hedge was last revised and run once
 after it (`--set fresh`); FRESH2 ones (seeds 10-15, a fourth zone mapping) added before
-the policy's next change and first run with the policy as it was (`--set fresh2`). In
+the policy's next change and first run with the policy as it was (`--set fresh2`);
+FRESH3 ones (seeds 16-21, a fifth zone mapping) added the same way (`--set fresh3`). In
 each, the same run, on the same scenario:
 
     fixed-od      the on-demand pool cheapest per row, sized to the trainer's need
@@ -212,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="which", choices=SETS, default="old",
                     help="old (default): the tuning and held-out scenarios; fresh: the ones "
                          "added after them, kept unseen until a revised hedge is run on "
-                         "them once; fresh2: a second such set; all: every set")
+                         "them once; fresh2, fresh3: a second and a third such set; "
+                         "all: every set")
     ap.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                     help="a CostAware parameter for the `cost` run (default: its defaults), "
                          "e.g. --param max_pool_share=0.333")

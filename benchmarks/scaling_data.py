@@ -33,6 +33,15 @@ changed the policy and first run with the policy as it then was, by the same rul
                       B and C gave it (AWS: a record of the pool's own region; GCP: the
                       GCP1 zones once more, each pool a new one, us-east1-b's all-zero
                       record unused as in B)
+
+and a third fresh set (`--set fresh3`), added by issue 13's helper h-13 (second round)
+before it changed the policy, and first run with the policy as it then was:
+
+    windows s=16..21  mapping A, each trace started at a tick drawn by seed s
+    zones E           AWS + GCP pools, mapping E: for each pool a traced zone none of A,
+                      B, C and D gave it (AWS: 1-node records, 8 workers per unit, two of
+                      them from record sets no earlier mapping used; GCP: the GCP1 zones
+                      once more, each pool a new one, us-east1-b's record unused)
 """
 
 from __future__ import annotations
@@ -101,15 +110,28 @@ MAP_D = {
     "a100-use1-spot": (f"{SH}/GCP1/asia-northeast1-a_a100_40gb_8.json", 4),
     "a100-usw1-spot": (f"{SH}/GCP1/us-central1-a_a100_40gb_8.json", 2),
 }
-#: The sets `cases` builds: "old" (tune + held-out), "fresh", "fresh2", or "all".
-SETS = ("all", "old", "fresh", "fresh2")
+#: Mapping E (set fresh3): each pool driven by a traced zone none of A, B, C and D gave
+#: it; scales as in B, C and D (a 1-node AWS record 8 workers, asia-northeast1-a 4).
+MAP_E = {
+    "l40s-use2-spot": (f"{ST}/preemption/1-node/aws-04-22-2023/us-east-1f_v100_1.json", 8),
+    "l40s-usw2-spot": (f"{ST}/availability/1-node/aws-10-26-2022/us-west-2a_v100_8.json", 8),
+    "a10g-use2-spot": (f"{ST}/availability/1-node/aws-02-15-2023/us-east-1d_v100_1.json", 8),
+    "l4-usw2-spot": (f"{ST}/availability/1-node/aws-02-15-2023/us-west-2c_v100_1.json", 8),
+    "a100-usc1a-spot": (f"{SH}/GCP1/asia-northeast1-a_a100_40gb_8.json", 4),
+    "a100-usc1b-spot": (f"{SH}/GCP1/europe-west4-a_a100_40gb_8.json", 2),
+    "a100-euw4-spot": (f"{SH}/GCP1/us-west1-b_a100_40gb_8.json", 2),
+    "a100-use1-spot": (f"{SH}/GCP1/us-central1-a_a100_40gb_8.json", 2),
+    "a100-usw1-spot": (f"{SH}/GCP1/us-central1-b_a100_40gb_8.json", 2),
+}
+#: The sets `cases` builds: "old" (tune + held-out), "fresh", "fresh2", "fresh3", or "all".
+SETS = ("all", "old", "fresh", "fresh2", "fresh3")
 
 
 @dataclass(frozen=True)
 class Case:
     """One scenario with what the report needs beside it."""
 
-    label: str  # "tune" | "held-out" | "fresh" | "fresh2"
+    label: str  # "tune" | "held-out" | "fresh" | "fresh2" | "fresh3"
     scenario: Scenario
     od_pool: str  # the on-demand pool cheapest per row: fixed-od's and the dead band's
     mapping: tuple[str, ...]  # which trace drives which pool (an assumption)
@@ -192,7 +214,7 @@ def _case(label: str, name: str, data: Path, pools: list[Pool], work: Workload,
 def cases(data: Path, steps: int, only: str | None = None,
           which: str = "all") -> tuple[list[Case], float]:
     """The tuning scenario and the held-out ones (`which`: "old"), the fresh ones
-    ("fresh"), the second fresh ones ("fresh2") or all of them, those whose name contains `only`; and the trainer's $/h
+    ("fresh"), the second and third fresh ones ("fresh2", "fresh3") or all of them, those whose name contains `only`; and the trainer's $/h
     (one p4d.24xlarge, 8 x A100 on demand, under every policy)."""
     if which not in SETS:
         raise ValueError(f"scenario set must be one of {', '.join(SETS)}, got {which!r}")
@@ -214,7 +236,7 @@ def cases(data: Path, steps: int, only: str | None = None,
               replace(work, train_s=TRAIN_S * 2, deadline_s=steps * TRAIN_S * 2 * 1.5),
               MAP_A, 0),
     ]
-    if which in ("fresh", "fresh2"):
+    if which in ("fresh", "fresh2", "fresh3"):
         out = []
     if which in ("all", "fresh"):
         out += [_case("fresh", f"aws+gcp, windows s={s}", data, aws + gcp, work, MAP_A, s)
@@ -224,4 +246,8 @@ def cases(data: Path, steps: int, only: str | None = None,
         out += [_case("fresh2", f"aws+gcp, windows s={s}", data, aws + gcp, work, MAP_A, s)
                 for s in range(10, 16)]
         out += [_case("fresh2", "aws+gcp, zones D", data, aws + gcp, work, MAP_D, 0)]
+    if which in ("all", "fresh3"):
+        out += [_case("fresh3", f"aws+gcp, windows s={s}", data, aws + gcp, work, MAP_A, s)
+                for s in range(16, 22)]
+        out += [_case("fresh3", "aws+gcp, zones E", data, aws + gcp, work, MAP_E, 0)]
     return [c for c in out if only is None or only in c.name], trainer_price

@@ -9,21 +9,35 @@ Three rules, each with the reason it exists:
     spending GPU-hours; spot is meant to replace on-demand at a discount, not to buy
     the same rows with more GPUs. `gpu_ref="none"` minimises dollars alone.
   * How many: what the trainers consume, decided on the backlog they have queued. Grow
-    when the backlog would run dry before a worker launched now could give rows (cold
-    start + one interval); shrink productive workers the demand does not need, and one
-    more once the backlog nears its bound (it would only block). Between the two the
-    backlog absorbs a supply a fraction of a worker off the demand, so the fleet does
-    not launch and retire a worker every few intervals (each launch bills a cold start).
+    when the backlog would fall under one trainer step (`grow_margin`) before a worker
+    launched now could give rows (cold start + one interval); "run dry", as the code
+    read until issue 13's second round, let the trainers wait through the lead time
+    whenever a preemption or a retirement took the supply under the demand. Shrink
+    productive workers the demand does not need, and one more once the backlog nears its
+    bound (it would only block). Between the two the backlog absorbs a supply a fraction
+    of a worker off the demand, so the fleet does not launch and retire a worker every
+    few intervals (each launch bills a cold start).
     Workers still starting are not counted when shrinking: a replacement comes first.
   * Where to: a spot pool that just preempted workers or refused a launch is not grown,
     so new workers go to the next region or accelerator; no spot pool supplies more
     than `max_pool_share` of the demand, a third by default (a hedge: losing any one
     pool leaves two thirds of the demand supplied while replacements start, and fewer
-    workers to relaunch); optionally (`share_doubling_s`) a pool earns a larger share by
+    workers to relaunch), except in the cheap tier (`tier_share`, below); optionally
+    (`share_doubling_s`) a pool earns a larger share by
     going without preemptions and falls back to the third at the next one; running
     workers move to a cheaper pool when the
     saving over the rest of the run pays for the new one's cold start; on-demand fills
     what spot cannot and is the floor when the deadline is at risk.
+  * The cheap tier (`tier_share`): when the cheapest eligible rows are spot rows and the
+    next dearer eligible pool costs `tier_gap` x as much per row or more (spot L40S
+    against spot A100 in the benchmark: about 2.5x), the pools below that step may
+    together supply `tier_share` of the demand (3/4), and one of them that has gone
+    `tier_quiet_s` (2 h) without a preemption or refused launch may take what the rest
+    of the tier leaves of it, beyond the third. A third there bought the same hedge at
+    2-3x the dollars per row whenever one cheap pool had no capacity (the other kept
+    its third, the rest came from spot A100); the quiet time keeps pools that lose
+    workers often at the third, where a larger loss would cost wait and cold starts.
+    Unknown quiet time (the `astraflow scale` backends): the third.
   * Probing (`probe_refused`): a refused launch costs nothing and says only that the
     pool had no capacity then; capacity that comes back shows only to a launch. So a
     spot pool held back by refusals alone (no preemption in the last hour), and none in
@@ -70,6 +84,14 @@ class CostAware(Policy):
                       than `max_pool_share`)
     probe_refused     probe spot pools held back only by refused launches through the
                       move rule (see the module docstring); needs `PoolState.quiet_s`
+    tier_share        most of the demand the cheap tier supplies together, of which one
+                      quiet pool may take what the others leave (0: no tier, the third)
+    tier_gap          how much dearer per row the next eligible pool must be for the
+                      pools below it to form the cheap tier
+    tier_quiet_s      seconds without a preemption or refused launch (`quiet_s`) a tier
+                      pool needs before it may pass `max_pool_share`
+    grow_margin       grow when the backlog would fall below this many trainer steps
+                      within a launch's lead time (0: only when it would run dry)
     """
 
     name = "cost"
@@ -80,7 +102,9 @@ class CostAware(Policy):
                  preemption_loss_s: float | None = None, deadline_margin: float = 0.9,
                  gpu_ref: str = "ondemand", gpu_slack: float = 0.0,
                  max_pool_share: float = 1 / 3, share_doubling_s: float = 0.0,
-                 max_share_quiet: float = 2 / 3, probe_refused: bool = True):
+                 max_share_quiet: float = 2 / 3, probe_refused: bool = True,
+                 tier_share: float = 0.75, tier_gap: float = 1.5,
+                 tier_quiet_s: float = 7200.0, grow_margin: float = 1.0):
         if gpu_ref not in self.GPU_REFS:
             raise ValueError(f"cost: gpu_ref must be one of {', '.join(self.GPU_REFS)}, "
                              f"got {gpu_ref!r}")
@@ -98,6 +122,15 @@ class CostAware(Policy):
         self.gpu_ref, self.gpu_slack, self.max_pool_share = gpu_ref, gpu_slack, max_pool_share
         self.share_doubling_s, self.max_share_quiet = share_doubling_s, max_share_quiet
         self.probe_refused = bool(probe_refused)
+        if not 0 <= tier_share <= 1:
+            raise ValueError(f"cost: tier_share must be in [0, 1], got {tier_share!r}")
+        if not tier_gap > 1:
+            raise ValueError(f"cost: tier_gap must be > 1, got {tier_gap!r}")
+        if not (tier_quiet_s >= 0 and grow_margin >= 0):
+            raise ValueError(f"cost: tier_quiet_s and grow_margin must be >= 0, got "
+                             f"{tier_quiet_s!r}, {grow_margin!r}")
+        self.tier_share, self.tier_gap, self.tier_quiet_s = tier_share, tier_gap, tier_quiet_s
+        self.grow_margin = grow_margin
 
     # -- what a row costs in each pool --------------------------------------------
     def productive_share(self, s: PoolState) -> float:
@@ -155,18 +188,38 @@ class CostAware(Policy):
             return 0
         return s.live + max(1, s.live)
 
-    def pool_share(self, s: PoolState) -> float:
+    def cheap_tier(self, obs: Observation) -> frozenset[str]:
+        """The cheap tier: the eligible pools by $/row, cheapest first, before the first
+        step of `tier_gap` x, if all of them are spot (none: no step, or on-demand below
+        it)."""
+        if not self.tier_share:
+            return frozenset()
+        ranked = sorted(self.eligible(obs), key=self.dollars_per_row)
+        for i, (a, b) in enumerate(zip(ranked, ranked[1:], strict=False)):
+            if not a.pool.spot:
+                break
+            if self.dollars_per_row(b) >= self.tier_gap * self.dollars_per_row(a):
+                return frozenset(s.pool.name for s in ranked[:i + 1])
+        return frozenset()
+
+    def pool_share(self, s: PoolState, tier_left: float | None = None) -> float:
         """Most of the demand this pool may supply. On-demand: all of it. Spot: trust
         earned by evidence, as a back-off is: `max_pool_share` while the pool has no
         record, doubling for every `share_doubling_s` it goes without a preemption or a
         refused launch, up to `max_share_quiet`, and back to `max_pool_share` at the next
-        one (its quiet time restarts). Unknown quiet time: the base share."""
+        one (its quiet time restarts). Unknown quiet time: the base share. A pool of the
+        cheap tier (`cheap_tier`) quiet for `tier_quiet_s` may also take `tier_left`:
+        the share of the demand the rest of the tier leaves of `tier_share`."""
         if not s.pool.spot:
             return 1.0
         if s.quiet_s is None or not self.share_doubling_s:
-            return self.max_pool_share
-        return min(max(self.max_share_quiet, self.max_pool_share),
-                   self.max_pool_share * 2.0 ** (max(s.quiet_s, 0.0) / self.share_doubling_s))
+            share = self.max_pool_share
+        else:
+            share = min(max(self.max_share_quiet, self.max_pool_share), self.max_pool_share
+                        * 2.0 ** (max(s.quiet_s, 0.0) / self.share_doubling_s))
+        if tier_left is not None and s.quiet_s is not None and s.quiet_s >= self.tier_quiet_s:
+            share = max(share, tier_left)
+        return share
 
     # -- the plan -----------------------------------------------------------------
     @staticmethod
@@ -221,10 +274,10 @@ class CostAware(Policy):
         """Grow, shrink, move or hold, decided on the backlog the trainers have queued:
 
             grow    when the backlog, at the present supply (starting workers counted),
-                    would fall under one trainer step before a worker launched now could
-                    give rows (its pool's cold start + one interval): add the rows/s
-                    missing plus a refill of the backlog to `backlog_target`, cheapest
-                    useful row first;
+                    would fall under `grow_margin` trainer steps (one) before a worker
+                    launched now could give rows (its pool's cold start + one
+                    interval): add the rows/s missing plus a refill of the backlog to
+                    `backlog_target`, cheapest useful row first;
             shrink  productive workers the trainers do not need: while the others still
                     cover the demand, and one more once the backlog passes `backlog_high`
                     of the bound (it would only block), dearest row first. Workers still
@@ -264,6 +317,7 @@ class CostAware(Policy):
         ok = {s.pool.name for s in pools}
         used: list[str] = []
         budget, ref = self.gpu_budget(obs)
+        tier = self.cheap_tier(obs)
         head = f"need {demand:.2f} rows/s ({how}); have {supply:.2f}" + \
             (f" + {coming:.2f} starting" if coming else "") + f"; backlog {backlog} rows" + \
             (f"; pools at most {budget * 3.6e9:.0f} GPU-h/M rows ({ref}'s"
@@ -275,8 +329,12 @@ class CostAware(Policy):
             if not self.can_grow(s):
                 cap = min(cap, self.probe_limit(s, obs.interval_s) if moving else 0)
             if s.pool.spot:  # the hedge: no one spot pool supplies more than its share
-                cap = min(cap, max(1, math.ceil(self.pool_share(s) * demand / s.throughput
-                                                - 1e-9)))
+                left = None  # of the cheap tier's share, what its other pools leave
+                if s.pool.name in tier and demand > 0:
+                    left = self.tier_share - sum(targets[n] * obs.pool(n).throughput
+                                                 for n in tier if n != s.pool.name) / demand
+                cap = min(cap, max(1, math.ceil(self.pool_share(s, left) * demand
+                                                / s.throughput - 1e-9)))
             return max(cap - targets[s.pool.name], 0)
 
         def add(rows: float, among: list[PoolState], moving: bool = False) -> float:
@@ -304,9 +362,11 @@ class CostAware(Policy):
                                     default=0.0)
         drift = supply + coming - demand
         refill = max(self.backlog_target * bound - backlog, 0.0) / self.drain_s
-        if backlog + drift * lead < 0 or (backlog < low and drift <= 0 and obs.wait_fraction):
+        if backlog + drift * lead < self.grow_margin * low or (backlog < low and drift <= 0
+                                                                and obs.wait_fraction):
             short = add(-drift + refill, by_cost)
-            return Plan(targets, f"grow: {head}; it would run dry within {lead:.0f} s; "
+            return Plan(targets, f"grow: {head}; it would fall under {self.grow_margin:g} "
+                                 f"step(s) within {lead:.0f} s; "
                                  f"cheapest first: {', '.join(used) or 'none'}"
                         + (f"; {short:.2f} rows/s short (every pool at its cap)"
                            if short > 1e-6 else ""))

@@ -107,10 +107,62 @@ def test_cost_aware_hedge_grows_with_a_quiet_record_and_backs_off():
     # A backend that cannot tell (quiet_s None), or the rule off (the default): the base.
     assert pol.plan(_obs(demand=16.0, backlog=128)).targets == \
         {"od": 0, "spot-a": 2, "spot-b": 2}
-    assert CostAware(drain_s=1e9).plan(_obs(
+    assert CostAware(drain_s=1e9, tier_share=0.0).plan(_obs(
         demand=16.0, backlog=128, **{"spot-a": {"quiet_s": 1e6}})).targets["spot-a"] == 2
     with pytest.raises(ValueError, match="max_share_quiet"):
         CostAware(max_share_quiet=0.0)
+
+
+def _tier_obs(a=None, b=None, live=None, backlog=128):
+    """Demand 32 rows/s (8 workers of 4 rows/s); two cheap spot pools ($1, $1.1/h), a
+    spot pool 2.5x dearer per row, on demand at $3/h."""
+    pools = (Pool("od", price_per_hour=3.0, rows_per_s=4.0),
+             Pool("cheap-a", spot=True, price_per_hour=1.0, rows_per_s=4.0),
+             Pool("cheap-b", spot=True, price_per_hour=1.1, rows_per_s=4.0),
+             Pool("dear", spot=True, price_per_hour=2.5, rows_per_s=4.0))
+    return _obs(demand=32.0, backlog=backlog, live=live, pools=pools,
+                **{"cheap-a": a or {}, "cheap-b": b or {}})
+
+
+def test_cost_aware_cheap_tier_takes_the_share_its_other_pools_leave():
+    """The pools below a step of 1.5x in $/row (cheap-a, cheap-b; dear is 2.3x) supply up to
+    3/4 of the demand together: one quiet for 2 h may take what the other leaves, beyond
+    the third, instead of buying those rows 2.3x dearer."""
+    pol = CostAware(drain_s=1e9)
+    assert pol.cheap_tier(_tier_obs()) == {"cheap-a", "cheap-b"}
+    refused = {"launch_failures_1h": 1, "quiet_s": 30.0}  # cheap-b: no capacity just now
+    p = pol.plan(_tier_obs(a={"quiet_s": 3 * 3600.0}, b=refused))
+    assert p.targets == {"od": 0, "cheap-a": 6, "cheap-b": 0, "dear": 2}, p.reason  # 6 = 3/4
+    # cheap-b gives 2 workers (a quarter): cheap-a may take the half left, 4 workers; then
+    # cheap-b what cheap-a leaves, or its own third if more (3 workers): never less.
+    p = pol.plan(_tier_obs(a={"quiet_s": 3 * 3600.0}, b={"quiet_s": 3 * 3600.0},
+                           live={"cheap-b": 2}))
+    assert p.targets == {"od": 0, "cheap-a": 4, "cheap-b": 3, "dear": 1}, p.reason
+    # Not quiet for 2 h, a backend that cannot tell (quiet_s None), or no tier: the third.
+    third = {"od": 2, "cheap-a": 3, "cheap-b": 0, "dear": 3}
+    for a, pol2 in (({"quiet_s": 3600.0}, pol), ({}, pol),
+                    ({"quiet_s": 3 * 3600.0}, CostAware(drain_s=1e9, tier_share=0.0))):
+        p = pol2.plan(_tier_obs(a=a, b=refused))
+        assert p.targets == third, (a, p.reason)
+    # No step of tier_gap: no tier.
+    assert CostAware(tier_gap=3.0).cheap_tier(_tier_obs()) == frozenset()
+    with pytest.raises(ValueError, match="tier_share"):
+        CostAware(tier_share=1.5)
+    with pytest.raises(ValueError, match="tier_gap"):
+        CostAware(tier_gap=1.0)
+
+
+def test_cost_aware_grows_before_the_backlog_falls_under_a_step():
+    """A supply one worker under the demand (0.1 rows/s short) with a backlog of 80 rows
+    loses 24 rows within the lead time (240 s: cold start 180 s + interval 60 s): it would
+    not run dry, so grow_margin 0 holds; by default a worker is launched before the
+    backlog falls under one step (64 rows), so the trainers do not wait through the
+    launch."""
+    pools = (Pool("od", price_per_hour=3.0, rows_per_s=0.1, cold_start_s=180.0),)
+    obs = _obs(demand=1.0, backlog=80, live={"od": 9}, pools=pools, bound=160)
+    p = CostAware(drain_s=1e9).plan(obs)
+    assert p.reason.startswith("grow") and p.targets == {"od": 10}, p.reason
+    assert CostAware(drain_s=1e9, grow_margin=0.0).plan(obs).targets == {"od": 9}
 
 
 def test_cost_aware_probes_a_pool_that_only_refused_launches_through_moves():
