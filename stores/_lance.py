@@ -417,8 +417,8 @@ def scan_after(ds: Any, cursor: int, *, columns: list[str] | None,
 
     The version filter is applied only when a fragment read may also hold older rows (a
     compaction that took in unread commits, or metadata that does not say); plain
-    appends, the usual case, are read whole. Measured on one new 64-row fragment (local,
-    traj_id + version): 3.3 ms CPU filtered, 1.3 ms whole. Rows created after `ds`'s
+    appends, the usual case, are read whole (one new 64-row fragment, traj_id + version,
+    local, on a loaded machine: 3.3 ms CPU filtered, 1.3 ms whole). Rows created after `ds`'s
     own version are never in `ds`, so no upper bound is needed."""
     facts = facts if facts is not None else FragmentFacts()
     chosen = [(f, old) for f, _, new, old in facts.of(ds) if new is None or new > cursor]
