@@ -92,6 +92,7 @@ class TrajectoryStore:
         self._staging: dict[str, Staging] = {}
         self._facts: dict[str, _lance.FragmentFacts] = {}
         self._archives: dict[str, Any] = {}
+        self._held: dict[str, _lance.Held] = {}
 
     def table(self, policy: str) -> Any:
         if policy not in self._tables:
@@ -119,12 +120,26 @@ class TrajectoryStore:
             self._facts[policy] = _lance.FragmentFacts()
         return self._facts[policy]
 
+    def newest(self, policy: str) -> Any:
+        """The newest committed version of the table's Lance dataset, through a dataset
+        held between calls (`_lance.Held`): a poll that finds nothing new lists the
+        versions once (one LIST on S3) instead of reopening the table
+        (`_lance.latest_dataset`), and a new version loads only its manifest. Locally
+        an idle `read_after` poll went from 1.0-1.2 to 0.15 ms of CPU (README, "Where a
+        local long-row append's time goes"). Call inside `retry.call`."""
+        return self._holder(policy).latest()
+
+    def _holder(self, policy: str) -> _lance.Held:
+        if policy not in self._held:
+            self._held[policy] = _lance.Held(self.table(policy))
+        return self._held[policy]
+
     def staging(self, policy: str) -> Staging:
         """The table's staged batches and their committer (`stores.staging`)."""
         if policy not in self._staging:
-            table = self.table(policy)
+            self.table(policy)
             self._staging[policy] = Staging(
-                self.uri.rstrip("/"), table_name(policy), lambda: _lance.latest_dataset(table),
+                self.uri.rstrip("/"), table_name(policy), lambda: self.newest(policy),
                 storage_options=lance_storage_options(self.uri), budget_s=self.budget_s,
                 facts=self.fragment_facts(policy))
         return self._staging[policy]
@@ -242,11 +257,10 @@ class TrajectoryStore:
         staged = self.pending(policy)
 
         def read() -> int:
-            ds = _lance.latest_dataset(self.table(policy))
+            ds = self.newest(policy)
             if int(ds.version) <= cursor:
                 return 0
             return _lance.scan_after(ds, cursor, columns=[_lance.CREATED_AT_VERSION],
-                                     filter=f"{_lance.CREATED_AT_VERSION} > {int(cursor)}",
                                      facts=self.fragment_facts(policy)).num_rows
 
         return staged + self._read(policy, read, "backlog count")
@@ -276,20 +290,17 @@ class TrajectoryStore:
         fresh = None  # the version this poll committed: read on it without reopening
         if names and st.commit_pending(names) is not None:
             fresh = st.committed
+            self._holder(policy).hold(fresh)  # the newest: the next poll need not reopen
 
         def read() -> tuple[int, pa.Table | None]:
             nonlocal fresh
-            ds = fresh if fresh is not None else _lance.latest_dataset(self.table(policy))
+            ds = fresh if fresh is not None else self.newest(policy)
             fresh = None  # a retry opens the newest
             top = int(ds.version)
             if top <= cursor:
                 return top, None
-            return top, _lance.scan_after(
-                ds, cursor, columns=[*cols, _lance.CREATED_AT_VERSION],
-                filter=f"{_lance.CREATED_AT_VERSION} > {int(cursor)} "
-                f"AND {_lance.CREATED_AT_VERSION} <= {top}",
-                facts=self.fragment_facts(policy),
-            )
+            return top, _lance.scan_after(ds, cursor, columns=[*cols, _lance.CREATED_AT_VERSION],
+                                          facts=self.fragment_facts(policy))
 
         top, rows = self._read(policy, read, "read")
         if rows is None or rows.num_rows < min_rows:
@@ -388,9 +399,8 @@ class TrajectoryStore:
             ds = _lance.latest_dataset(self.table(policy))
             rows = _lance.scan_after(
                 ds, done, columns=[*TRAJECTORY_SCHEMA.names, _lance.CREATED_AT_VERSION],
-                filter=f"{_lance.CREATED_AT_VERSION} > {int(done)} "
-                f"AND {_lance.CREATED_AT_VERSION} <= {int(upto)}",
-                facts=self.fragment_facts(policy))
+                facts=self.fragment_facts(policy))  # rows after `done`: cut at `upto` here
+            rows = rows.filter(pc.less_equal(rows.column(_lance.CREATED_AT_VERSION), int(upto)))
             if rows.num_rows:
                 rows = rows.rename_columns([*TRAJECTORY_SCHEMA.names, ARCHIVED_VERSION])
                 arch.add(rows.cast(ARCHIVE_SCHEMA))

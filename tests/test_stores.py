@@ -138,6 +138,35 @@ def test_next_batch_parses_only_new_fragments(tmp_path, monkeypatch):
     assert steady_reads(60) == [1, 1, 1]  # the same with 4x the history
 
 
+def test_read_after_filters_only_fragments_with_old_rows(tmp_path, monkeypatch):
+    """A plain append's fragment holds only rows of its own commit, so the next batch is
+    read without the version filter (a third of a small read's CPU); a compacted fragment
+    mixing read and unread commits is filtered, and both give exactly the new rows."""
+    import lance
+
+    filters: list[str | None] = []
+    real = lance.LanceDataset.scanner
+
+    def spy(self, *args, **kwargs):
+        filters.append(kwargs.get("filter"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(lance.LanceDataset, "scanner", spy)
+    store = TrajectoryStore(tmp_path / "s")
+    vs = [store.append("p", make_rows("p", 3, tag=f"b{i}")) for i in range(4)]
+    filters.clear()
+    sl = store.read_after("p", vs[1], columns=["traj_id"])
+    assert sl.num_rows == 6 and sl.end == vs[3] and filters == [None]
+    assert store.count_after("p", vs[2]) == 3
+    store.maintain("p", retain=timedelta(0))  # one fragment: commits read and unread
+    filters.clear()
+    sl = store.read_after("p", vs[1], columns=["traj_id"])
+    assert sorted(sl.rows.column("traj_id").to_pylist()) == sorted(
+        store.read_range("p", vs[1], vs[3], columns=["traj_id"]).column("traj_id").to_pylist())
+    assert sl.num_rows == 6 and filters[0] is not None
+    assert store.count_after("p", vs[2]) == 3
+
+
 def test_schema_checked_on_write(tmp_path):
     store = TrajectoryStore(tmp_path / "s")
     rows = make_rows("p", 2)
