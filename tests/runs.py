@@ -25,3 +25,14 @@ def seeded_run(run: Path, flow: dict[str, Any], policy_dir: Path, *,
             shutil.copy(f, staging)
         ws.publish(name, staging, step=0)
     return ctx
+
+
+def worker_flow(**rollout: Any) -> dict[str, Any]:
+    """The smallest flow a rollout worker runs: one tiny solver on 2-digit sums, batches of
+    3 prompts x 2 samples (`rollout` overrides or adds rollout fields)."""
+    return {
+        "name": "w", "policies": [{"name": "solver", "model": {
+            "hidden_size": 64, "layers": 2, "heads": 2, "intermediate_size": 128}}],
+        "env": {"digits": 2, "eval_size": 20},
+        "rollout": {"prompts_per_batch": 3, "samples_per_prompt": 2, **rollout},
+    }

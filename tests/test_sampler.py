@@ -11,7 +11,7 @@ import pytest
 from astraflow.envs.base import Task
 from astraflow.rollout.sampler import TaskSampler
 from astraflow.rollout.worker import RolloutWorker
-from tests.runs import seeded_run
+from tests.runs import seeded_run, worker_flow
 
 
 class Pool:
@@ -68,12 +68,8 @@ def test_an_all_solved_pool_still_fills_the_batch_and_off_draws_plainly():
 
 
 def test_the_worker_draws_its_batch_through_the_sampler(tmp_path, tiny_policy_dir):
-    ctx = seeded_run(tmp_path / "run", {
-        "name": "w", "policies": [{"name": "solver", "model": {
-            "hidden_size": 64, "layers": 2, "heads": 2, "intermediate_size": 128}}],
-        "env": {"digits": 2, "eval_size": 20},
-        "rollout": {"prompts_per_batch": 3, "samples_per_prompt": 2, "skip_solved_versions": 4},
-    }, tiny_policy_dir, versions=2)
+    ctx = seeded_run(tmp_path / "run", worker_flow(skip_solved_versions=4), tiny_policy_dir,
+                     versions=2)
     w = RolloutWorker(ctx, "wA")
     assert w.refresh_weights() and w.version == 1
     rng = random.Random(1)

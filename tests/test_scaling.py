@@ -443,14 +443,10 @@ def test_a_real_worker_reports_its_rows_to_the_autoscaler(tmp_path, tiny_policy_
     from astraflow.rollout.worker import RolloutWorker
     from astraflow.scale import Autoscaler, local_pool
     from astraflow.scale.backends import LocalBackend
-    from tests.runs import seeded_run
+    from tests.runs import seeded_run, worker_flow
 
-    ctx = seeded_run(tmp_path / "run", {
-        "name": "w", "policies": [{"name": "solver", "model": {
-            "hidden_size": 64, "layers": 2, "heads": 2, "intermediate_size": 128}}],
-        "env": {"digits": 2, "eval_size": 20},
-        "rollout": {"prompts_per_batch": 3, "samples_per_prompt": 2, "max_backlog_batches": 4},
-    }, tiny_policy_dir, versions=1)
+    ctx = seeded_run(tmp_path / "run", worker_flow(max_backlog_batches=4), tiny_policy_dir,
+                     versions=1)
     w = RolloutWorker(ctx, "local-pool-abc")
     assert w.refresh_weights()
     assert w.produce_batch() == 6 and w.produce_batch() == 6

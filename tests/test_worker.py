@@ -10,17 +10,13 @@ import pytest
 
 from astraflow.rollout.worker import RolloutWorker
 from astraflow.stores import LedgerEntry, Progress
-from tests.runs import seeded_run
+from tests.runs import seeded_run, worker_flow
 
 
 @pytest.fixture
 def ctx(tmp_path, tiny_policy_dir):
-    return seeded_run(tmp_path / "run", {
-        "name": "w", "policies": [{"name": "solver", "model": {"hidden_size": 64, "layers": 2,
-                                                               "heads": 2, "intermediate_size": 128}}],
-        "env": {"digits": 2, "eval_size": 20},
-        "rollout": {"prompts_per_batch": 3, "samples_per_prompt": 2, "max_backlog_batches": 1},
-    }, tiny_policy_dir, versions=2)
+    return seeded_run(tmp_path / "run", worker_flow(max_backlog_batches=1), tiny_policy_dir,
+                      versions=2)
 
 
 def republish(ws, *, step: int) -> int:
