@@ -410,8 +410,12 @@ class TrajectoryStore:
         crash_point("archived")
 
         def delete() -> None:
-            _lance.latest_dataset(self.table(policy)).delete(
-                f"{_lance.CREATED_AT_VERSION} <= {int(upto)}")
+            ds = _lance.latest_dataset(self.table(policy))
+            # Lance commits a delete that matches nothing too: a maintenance round with
+            # nothing to drop would add a version and race the writers for nothing.
+            if any(old is None or old <= upto
+                   for _, _, _, old in self.fragment_facts(policy).of(ds)):
+                ds.delete(f"{_lance.CREATED_AT_VERSION} <= {int(upto)}")
 
         self._read(policy, delete, f"dropping retired rows up to version {upto}")
         return moved

@@ -68,7 +68,9 @@ def test_retired_rows_leave_the_manifest_and_every_reader_still_sees_them(tmp_pa
     # Again, further: only the new rows move; nothing twice.
     fill(store, "b", 5)
     assert store.retire("p", rest.end) == 10 * ROWS
+    v = store.latest_version("p")
     assert store.retire("p", rest.end) == 0
+    assert store.latest_version("p") == v  # nothing left to drop: no empty delete commit
     assert sum(ids(store).values()) == 35 * ROWS and set(ids(store).values()) == {1}
     assert lineage_runs(store) == 5
 
