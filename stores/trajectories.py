@@ -229,28 +229,19 @@ class TrajectoryStore:
         from this, so staged rows count as not yet consumed. Markers are listed
         before the table is read, so a commit in between can only count a batch
         twice for a moment (too much backlog), never zero times."""
-        table = self.table(policy)
         staged = self.pending(policy)
 
-        def read() -> int:
+        def rows(table: Any) -> int:
             table.checkout_latest()
             return int(table.count_rows())
 
-        hot = self._read(policy, read, "row count")
+        live = self._read(policy, lambda: rows(self.table(policy)), "row count")
         # The archive after the table: a row retired in between is counted twice for a
         # moment (the archive takes it before the table lets it go), never zero times.
-        return staged + hot + self._retired_count(policy)
-
-    def _retired_count(self, policy: str) -> int:
         arch = self.archive(policy)
-        if arch is None:
-            return 0
-
-        def read() -> int:
-            arch.checkout_latest()
-            return int(arch.count_rows())
-
-        return self._read(policy, read, "retired row count")
+        retired = 0 if arch is None else self._read(policy, lambda: rows(arch),
+                                                    "retired row count")
+        return staged + live + retired
 
     def count_after(self, policy: str, cursor: int) -> int:
         """Rows after `cursor`, staged ones included (a consumer's backlog)."""
