@@ -43,7 +43,12 @@ def store_chaos(args, console: Console) -> None:
     staged batches) SIGKILLed at random and restarted; then `astraflow audit` on the run,
     and every acknowledged batch looked up in the table."""
     root = Path(args.root)
-    ctx = prepare_run(load_flow(args.flow, {"name": "bench-chaos-writers"}), root, overwrite=True)
+    import yaml
+
+    sets = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.sets)}
+    # `--set store.write_mode=staged`: every batch goes through the committer.
+    ctx = prepare_run(load_flow(args.flow, {**sets, "name": "bench-chaos-writers"}), root,
+                      overwrite=True)
     run, pol = ctx.run_dir, ctx.flow.policy.name
     stop, acks = run / "STOP", run / "acks"
     here = str(Path(__file__).resolve().parent)

@@ -63,11 +63,17 @@ def main() -> None:
     ap.add_argument("--backlog", type=int, default=512,
                     help="rows not yet read at which writers wait, as rollout workers do at "
                          "rollout.max_backlog_batches (0: no bound, an overload test)")
+    ap.add_argument("--write-mode", default="auto", choices=["auto", "staged", "direct"],
+                    help="store.write_mode of the writers: auto (the default) commits a "
+                         "writer's own batch when it wins the race, so the appends are mostly "
+                         "commits: the day of table versions this soak is about; staged "
+                         "commits many batches per read")
     ap.add_argument("--no-retire", action="store_true",
                     help="keep consumed rows in the live table (no `retire` in maintenance)")
     args = ap.parse_args()
 
-    ctx = prepare_run(load_flow(args.flow, {"name": "bench-soak"}), Path(args.root), overwrite=True)
+    ctx = prepare_run(load_flow(args.flow, {"name": "bench-soak",
+                                                 "store.write_mode": args.write_mode}), Path(args.root), overwrite=True)
     run, pol = ctx.run_dir, ctx.flow.policy.name
     traj, ledger = ctx.trajectories(), ctx.ledger()
     traj.table(pol)

@@ -4,7 +4,10 @@ Why: with one Lance commit per batch every writer races for the same manifest,
 so adding writers made the store slower (64 writers: 0.1x the rows/s of one,
 p99 append 9.7 s: Lance retried a lost race 20 times, our retry layer again).
 Here a writer tries one short commit of its own batch and, if it loses the
-race, hands the batch to the table's committer instead of retrying:
+race, hands the batch to the table's committer instead of retrying (`auto`), or
+skips step 2 altogether (`staged`: on S3 a writer's own commit is two more
+sequential requests, and with no writer committing the committer never loses a
+race either):
 
     writer   1. write the batch as Lance data files, uncommitted
                 (`lance.fragment.write_fragments`: invisible to every reader)

@@ -14,9 +14,10 @@ Contract (DESIGN.md, "Trajectory tables"):
 A consumer that remembers only its cursor (a table version) can restart at any
 time and continue exactly where it stopped: no row twice, none skipped.
 
-`write_mode="auto"` (the default) is the staged design; `write_mode="direct"` is
-the old one-`table.add`-per-batch path (numbers in README, "The trajectory
-store at scale").
+`write_mode="auto"` (the default) commits a lone writer's batch itself and stages
+on a lost race; `"staged"` never commits from a writer (the trainer's read commits
+every batch: fastest on S3); `"direct"` is the old one-`table.add`-per-batch path. Numbers in README,
+"The trajectory store at scale".
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from astraflow.stores.staging import Staging, crash_point
 from astraflow.stores.uri import lance_storage_options
 
 #: auto (the default): commit one's own batch, stage it when that loses a race;
-#: staged: always stage (tests, and benchmarks of the committer); direct: one
+#: staged (`store.write_mode: staged`): always stage; direct: one
 #: `table.add` per batch retried through conflicts (the old path, `store.write_mode:
 #: direct` in a flow). Readers commit staged batches whatever their own mode, so
 #: writers of either mode may share a table.
