@@ -72,8 +72,8 @@ def main() -> None:
                     help="keep consumed rows in the live table (no `retire` in maintenance)")
     args = ap.parse_args()
 
-    ctx = prepare_run(load_flow(args.flow, {"name": "bench-soak",
-                                                 "store.write_mode": args.write_mode}), Path(args.root), overwrite=True)
+    flow = load_flow(args.flow, {"name": "bench-soak", "store.write_mode": args.write_mode})
+    ctx = prepare_run(flow, Path(args.root), overwrite=True)
     run, pol = ctx.run_dir, ctx.flow.policy.name
     traj, ledger = ctx.trajectories(), ctx.ledger()
     traj.table(pol)

@@ -16,8 +16,8 @@ time and continue exactly where it stopped: no row twice, none skipped.
 
 `write_mode="auto"` (the default) commits a lone writer's batch itself and stages
 on a lost race; `"staged"` never commits from a writer (the trainer's read commits
-every batch: fastest on S3); `"direct"` is the old one-`table.add`-per-batch path. Numbers in README,
-"The trajectory store at scale".
+every batch: fastest on S3); `"direct"` is the old one-`table.add`-per-batch path.
+Numbers in README, "The trajectory store at scale".
 """
 
 from __future__ import annotations
