@@ -38,14 +38,11 @@ from astraflow.local import prepare_run
 from astraflow.run import RunContext, quiet_libraries
 
 
-def store_chaos(args, console: Console) -> None:
+def store_chaos(args, sets: dict, console: Console) -> None:
     """16 writers and the consumer (the trainer's store traffic: the only committer of
     staged batches) SIGKILLed at random and restarted; then `astraflow audit` on the run,
     and every acknowledged batch looked up in the table."""
     root = Path(args.root)
-    import yaml
-
-    sets = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.sets)}
     # `--set store.write_mode=staged`: every batch goes through the committer.
     ctx = prepare_run(load_flow(args.flow, {**sets, "name": "bench-chaos-writers"}), root,
                       overwrite=True)
@@ -207,10 +204,10 @@ def main() -> None:
     args = ap.parse_args()
     import yaml
 
-    if args.writers:
-        return store_chaos(args, Console(width=200))
-
     sets = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.sets)}
+    if args.writers:
+        return store_chaos(args, sets, Console(width=200))
+
     lo, hi = (float(x) for x in args.interval.split(","))
     quiet_libraries()
     console = Console(width=200)

@@ -30,12 +30,14 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 
 from astraflow.flow import load_flow
 from astraflow.local import prepare_run
 from astraflow.stores import LedgerEntry, Progress
+from astraflow.stores.trajectories import WriteMode
 
 
 def manifest_kb(ds) -> str:
@@ -63,7 +65,7 @@ def main() -> None:
     ap.add_argument("--backlog", type=int, default=512,
                     help="rows not yet read at which writers wait, as rollout workers do at "
                          "rollout.max_backlog_batches (0: no bound, an overload test)")
-    ap.add_argument("--write-mode", default="auto", choices=["auto", "staged", "direct"],
+    ap.add_argument("--write-mode", default="auto", choices=get_args(WriteMode),
                     help="store.write_mode of the writers: auto (the default) commits a "
                          "writer's own batch when it wins the race, so the appends are mostly "
                          "commits: the day of table versions this soak is about; staged "
