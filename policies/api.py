@@ -68,6 +68,9 @@ class PoolState:
     # Seconds since the pool last lost a worker to the cloud or had a launch refused (one
     # that never did: since the run began). None: the backend does not know.
     quiet_s: float | None = None
+    # Seconds since the pool last lost a worker to the cloud (refused launches do not
+    # count; one that never did: since the run began). None: the backend does not know.
+    since_preemption_s: float | None = None
     blocked_fraction: float = 0.0  # share of worker time spent waiting on backpressure
 
     @property

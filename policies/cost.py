@@ -32,12 +32,25 @@ Three rules, each with the reason it exists:
     next dearer eligible pool costs `tier_gap` x as much per row or more (spot L40S
     against spot A100 in the benchmark: about 2.5x), the pools below that step may
     together supply `tier_share` of the demand (3/4), and one of them that has gone
-    `tier_quiet_s` (2 h) without a preemption or refused launch may take what the rest
-    of the tier leaves of it, beyond the third. A third there bought the same hedge at
+    `tier_quiet_s` (2 h) without a preemption may take what the rest of the tier leaves
+    of it, beyond the third. A third there bought the same hedge at
     2-3x the dollars per row whenever one cheap pool had no capacity (the other kept
     its third, the rest came from spot A100); the quiet time keeps pools that lose
     workers often at the third, where a larger loss would cost wait and cold starts.
     Unknown quiet time (the `astraflow scale` backends): the third.
+  * Which quiet time earns a share (`share_clock`): the time since the pool's last
+    preemption. A refused launch says the pool has no room for one more worker now, not
+    that the workers it runs are at risk, and the share is a hedge against losing
+    running workers. Until issue 13's third round a refusal restarted the clock too
+    (`share_clock="any"`), so a pool that refused launches while it filled up, or while
+    a grow asked for one worker more than it had, stayed at the third for two hours
+    more with no worker lost. In the benchmark's AWS-alone scenario the cheaper spot
+    L40S pool refused launches in its first hour while its capacity rose (3, 9, then
+    16), so it held 5 of 16 through the hour after its twin was preempted, with 8-10
+    on-demand workers beside it; on the preemption clock it took the tier's 3/4 at 2 h
+    and on-demand L40S fell from 52 to 33 worker-hours. Growth still stops for the hour
+    after a refusal (`can_grow`); where a backend reports only `quiet_s` (since
+    either), that is the clock.
   * Probing (`probe_refused`): a refused launch costs nothing and says only that the
     pool had no capacity then; capacity that comes back shows only to a launch. So a
     spot pool held back by refusals alone (no preemption in the last hour), and none in
@@ -74,9 +87,9 @@ class CostAware(Policy):
                       GPU) or "none" (dollars alone)
     gpu_slack         the bound is (1 + gpu_slack) x the reference's
     max_pool_share    most of the demand one spot pool may supply while it has no record
-                      (just preempted or refused a launch, or the run just began)
+                      (just preempted, or the run just began)
     share_doubling_s  a spot pool's share doubles for every this many seconds it has gone
-                      without a preemption or refused launch (`PoolState.quiet_s`), up
+                      without a preemption (`share_clock`), up
                       to `max_share_quiet`; 0 (the default) keeps it at `max_pool_share`:
                       in the benchmark, 3600 brought the cost aim within reach where
                       spot is scarce but cost GPU-hours and wait elsewhere (README)
@@ -88,14 +101,18 @@ class CostAware(Policy):
                       quiet pool may take what the others leave (0: no tier, the third)
     tier_gap          how much dearer per row the next eligible pool must be for the
                       pools below it to form the cheap tier
-    tier_quiet_s      seconds without a preemption or refused launch (`quiet_s`) a tier
-                      pool needs before it may pass `max_pool_share`
+    tier_quiet_s      seconds without a preemption (`share_clock`) a tier pool needs
+                      before it may pass `max_pool_share`
     grow_margin       grow when the backlog would fall below this many trainer steps
                       within a launch's lead time (0: only when it would run dry)
+    share_clock       what restarts the quiet time a spot pool's share is earned by:
+                      "preemption" (`PoolState.since_preemption_s`, else `quiet_s`) or
+                      "any" (a preemption or a refused launch: `quiet_s`, as before)
     """
 
     name = "cost"
     GPU_REFS = ("ondemand", "fewest", "none")
+    SHARE_CLOCKS = ("preemption", "any")
 
     def __init__(self, headroom: float = 0.0, drain_s: float = 600.0, backlog_target: float = 0.5,
                  ondemand_floor: float = 0.0, backlog_high: float = 0.75, bootstrap: int = 2,
@@ -104,7 +121,8 @@ class CostAware(Policy):
                  max_pool_share: float = 1 / 3, share_doubling_s: float = 0.0,
                  max_share_quiet: float = 2 / 3, probe_refused: bool = True,
                  tier_share: float = 0.75, tier_gap: float = 1.5,
-                 tier_quiet_s: float = 7200.0, grow_margin: float = 1.0):
+                 tier_quiet_s: float = 7200.0, grow_margin: float = 1.0,
+                 share_clock: str = "preemption"):
         if gpu_ref not in self.GPU_REFS:
             raise ValueError(f"cost: gpu_ref must be one of {', '.join(self.GPU_REFS)}, "
                              f"got {gpu_ref!r}")
@@ -131,6 +149,10 @@ class CostAware(Policy):
                              f"{tier_quiet_s!r}, {grow_margin!r}")
         self.tier_share, self.tier_gap, self.tier_quiet_s = tier_share, tier_gap, tier_quiet_s
         self.grow_margin = grow_margin
+        if share_clock not in self.SHARE_CLOCKS:
+            raise ValueError(f"cost: share_clock must be one of {', '.join(self.SHARE_CLOCKS)}, "
+                             f"got {share_clock!r}")
+        self.share_clock = share_clock
 
     # -- what a row costs in each pool --------------------------------------------
     def productive_share(self, s: PoolState) -> float:
@@ -205,21 +227,32 @@ class CostAware(Policy):
     def pool_share(self, s: PoolState, tier_left: float | None = None) -> float:
         """Most of the demand this pool may supply. On-demand: all of it. Spot: trust
         earned by evidence, as a back-off is: `max_pool_share` while the pool has no
-        record, doubling for every `share_doubling_s` it goes without a preemption or a
-        refused launch, up to `max_share_quiet`, and back to `max_pool_share` at the next
-        one (its quiet time restarts). Unknown quiet time: the base share. A pool of the
-        cheap tier (`cheap_tier`) quiet for `tier_quiet_s` may also take `tier_left`:
+        record, doubling for every `share_doubling_s` it goes without a preemption
+        (`share_quiet_s`), up to `max_share_quiet`, and back to `max_pool_share` at the
+        next one (its quiet time restarts). Unknown quiet time: the base share. A pool of
+        the cheap tier (`cheap_tier`) quiet for `tier_quiet_s` may also take `tier_left`:
         the share of the demand the rest of the tier leaves of `tier_share`."""
         if not s.pool.spot:
             return 1.0
-        if s.quiet_s is None or not self.share_doubling_s:
+        quiet = self.share_quiet_s(s)
+        if quiet is None or not self.share_doubling_s:
             share = self.max_pool_share
         else:
             share = min(max(self.max_share_quiet, self.max_pool_share), self.max_pool_share
-                        * 2.0 ** (max(s.quiet_s, 0.0) / self.share_doubling_s))
-        if tier_left is not None and s.quiet_s is not None and s.quiet_s >= self.tier_quiet_s:
+                        * 2.0 ** (max(quiet, 0.0) / self.share_doubling_s))
+        if tier_left is not None and quiet is not None and quiet >= self.tier_quiet_s:
             share = max(share, tier_left)
         return share
+
+    def share_quiet_s(self, s: PoolState) -> float | None:
+        """The quiet time a pool's share is earned by: since its last preemption
+        (`share_clock="preemption"`, the default; a refused launch says the pool is full,
+        not that the workers in it are at risk), or since its last preemption or refused
+        launch ("any", as before issue 13's third round, and the fallback where a backend
+        reports only `quiet_s`). None: unknown."""
+        if self.share_clock == "preemption" and s.since_preemption_s is not None:
+            return s.since_preemption_s
+        return s.quiet_s
 
     # -- the plan -----------------------------------------------------------------
     @staticmethod

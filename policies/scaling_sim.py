@@ -257,7 +257,8 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
                 rows_per_s=p.rows_per_s if measured else None,
                 preemptions_1h=sum(t > now - 3600 for t in preempt_t[p.name]),
                 launch_failures_1h=sum(t > now - 3600 for t in fail_t[p.name]),
-                quiet_s=now - max(preempt_t[p.name] + fail_t[p.name], default=0.0)))
+                quiet_s=now - max(preempt_t[p.name] + fail_t[p.name], default=0.0),
+                since_preemption_s=now - max(preempt_t[p.name], default=0.0)))
         tr = TrainerState("trainer", wait_fraction=min(waited / span, 1.0),
                           backlog_rows=len(backlog) * w.batch_rows,
                           batch_rows=w.batch_rows * w.batches_per_step,

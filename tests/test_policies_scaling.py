@@ -152,6 +152,31 @@ def test_cost_aware_cheap_tier_takes_the_share_its_other_pools_leave():
         CostAware(tier_gap=1.0)
 
 
+def test_cost_aware_share_clock_counts_preemptions_not_refusals():
+    """A refused launch says the pool is full, not that its workers are at risk: by
+    default a tier pool that last refused a launch an hour ago (growth stops for that
+    hour) but lost no worker for 3 h (`since_preemption_s`) takes the tier's share; one
+    preempted an hour ago keeps the third, and so does share_clock="any" (refusals
+    restart the clock too, as before)."""
+    refused = {"launch_failures_1h": 1, "quiet_s": 30.0}  # cheap-b: no capacity just now
+    a_refused = {"quiet_s": 3600.0, "since_preemption_s": 3 * 3600.0}
+    p = CostAware(drain_s=1e9).plan(_tier_obs(a=a_refused, b=refused, live={"cheap-a": 3}))
+    assert p.targets["cheap-a"] == 6, p.reason  # 3/4 of 8 workers
+    a_preempted = {"quiet_s": 3600.0, "since_preemption_s": 3600.0}
+    for a, pol in ((a_preempted, CostAware(drain_s=1e9)),
+                   (a_refused, CostAware(drain_s=1e9, share_clock="any"))):
+        p = pol.plan(_tier_obs(a=a, b=refused, live={"cheap-a": 3}))
+        assert p.targets["cheap-a"] == 3, (a, p.reason)
+    pol = CostAware()
+    assert pol.share_quiet_s(PoolState(Pool("s", spot=True), quiet_s=5.0,
+                                       since_preemption_s=50.0)) == 50.0
+    assert pol.share_quiet_s(PoolState(Pool("s", spot=True), quiet_s=5.0)) == 5.0  # fallback
+    assert CostAware(share_clock="any").share_quiet_s(
+        PoolState(Pool("s", spot=True), quiet_s=5.0, since_preemption_s=50.0)) == 5.0
+    with pytest.raises(ValueError, match="share_clock"):
+        CostAware(share_clock="refusal")
+
+
 def test_cost_aware_grows_before_the_backlog_falls_under_a_step():
     """A supply one worker under the demand (0.1 rows/s short) with a backlog of 80 rows
     loses 24 rows within the lead time (240 s: cold start 180 s + interval 60 s): it would
@@ -205,10 +230,12 @@ class _Record(Policy):
     """Cost-aware, remembering each pool's quiet time as the simulator observed it."""
 
     def __init__(self):
-        self.inner, self.seen = CostAware(), []
+        self.inner, self.seen, self.calm = CostAware(), [], []
 
     def plan(self, obs):
         self.seen.append((obs.time, {s.pool.name: s.quiet_s for s in obs.pools}))
+        self.calm.append((obs.time, {s.pool.name: s.since_preemption_s for s in obs.pools},
+                          {s.pool.name: s.launch_failures_1h for s in obs.pools}))
         return self.inner.plan(obs)
 
 
@@ -224,6 +251,11 @@ def test_simulator_reports_each_pools_quiet_time():
     later = [(t, q["spot"]) for t, q in rec.seen if 1800 < t < 3000]
     assert later and all(q < t - 1800 + 1e-6 for t, q in later)
     assert all(q["od"] == pytest.approx(t) for t, q in rec.seen)
+    # since_preemption_s: the same clock, restarted by preemptions only (never by a
+    # refused launch), so never shorter than quiet_s; equal where nothing was refused.
+    for (t, q), (_, c, _) in zip(rec.seen, rec.calm, strict=True):
+        assert all(c[n] >= q[n] - 1e-6 for n in q) and c["od"] == pytest.approx(t)
+    assert all(c["spot"] < t - 1800 + 1e-6 for t, c, _ in rec.calm if 1800 < t < 3000)
 
 
 def test_cost_aware_holds_while_the_backlog_lasts_and_bootstraps():
