@@ -214,7 +214,10 @@ class AlgorithmSpec(Spec):
     exp(ref − new) − (ref − new) − 1 (≥ 0, unbiased, low variance), times `kl_coef`, is
     added to the policy loss and normalised like it; the metric `kl_ref` is its mean per
     token. It anchors what the policy already did well (an all-success group carries no
-    advantage, so nothing else holds it). Cost: a second copy of the model in the
+    advantage, so nothing else holds it), but only on rows that reach the loss: the
+    default `zero_variance_filter` stage drops all-success groups, so to anchor them
+    directly leave that stage out (their GRPO advantage is 0: they carry only the KL
+    term, and count in the token mean). Cost: a second copy of the model in the
     trainer's memory and one extra no-grad forward pass per micro-batch. 0 (default):
     off, no reference is loaded. Not supported with `trainer.ranks` > 1 (FSDP2) yet."""
 
