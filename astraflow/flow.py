@@ -207,6 +207,19 @@ class AlgorithmSpec(Spec):
     """`cosine`: updates after warmup over which the learning rate decays."""
     lr_min_ratio: float = Field(0.1, ge=0, le=1)
     """`cosine`: the final learning rate as a fraction of `lr`."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of a KL penalty toward a frozen reference policy: version 0 of this same
+    policy (its pretrained or warm-started starting point; version 0 is never pruned).
+    Per unmasked completion token the k3 estimator of KL(policy ‖ reference),
+    exp(ref − new) − (ref − new) − 1 (≥ 0, unbiased, low variance), times `kl_coef`, is
+    added to the policy loss and normalised like it; the metric `kl_ref` is its mean per
+    token. It anchors what the policy already did well (an all-success group carries no
+    advantage, so nothing else holds it), but only on rows that reach the loss: the
+    default `zero_variance_filter` stage drops all-success groups, so to anchor them
+    directly leave that stage out (their GRPO advantage is 0: they carry only the KL
+    term, and count in the token mean). Cost: a second copy of the model in the
+    trainer's memory and one extra no-grad forward pass per micro-batch. 0 (default):
+    off, no reference is loaded. Not supported with `trainer.ranks` > 1 (FSDP2) yet."""
 
 
 class StageSpec(Spec):
@@ -594,6 +607,16 @@ class FlowSpec(Spec):
             raise ValueError(f"policies {lora} train LoRA adapters, which one trainer process "
                              f"does (trainer.ranks: 1); trainer.ranks: {self.trainer.ranks} "
                              f"shards whole models only")
+        return self
+
+    @model_validator(mode="after")
+    def _kl_in_one_process(self) -> FlowSpec:
+        # The reference model would have to be sharded like the policy; not built yet.
+        kl = [p.name for p in self.policies if p.algorithm.kl_coef > 0]
+        if kl and self.trainer.ranks > 1:
+            raise ValueError(f"policies {kl}: algorithm.kl_coef > 0 is not supported with "
+                             f"trainer.ranks > 1 (FSDP2-sharded training) yet; use "
+                             f"trainer.ranks: 1 or kl_coef: 0")
         return self
 
     @model_validator(mode="after")

@@ -27,6 +27,15 @@ gradient accumulation every micro-batch divides by the *global* number of
 unmasked tokens of the optimizer step, so the summed gradient equals the
 one-shot gradient of the mean over the whole step.
 
+KL penalty toward a reference (`kl_coef`, as verl/TRL offer): with reference
+logprobs (a frozen copy of the policy's version 0, `StepSettings.ref_model`) every
+unmasked token adds kl_coef · k3, the estimator exp(ref − new) − (ref − new) − 1
+of KL(new ‖ ref) (≥ 0, unbiased, low variance; Schulman, "Approximating KL
+Divergence"), normalised like the policy term (same token count and weights).
+Its gradient pulls the policy back toward the reference on the tokens it sampled.
+The log ratio is clamped to ±20 first (as verl does), so one token far from the
+reference (a stale row's) cannot make the term infinite.
+
 Length normalisation: a row may carry a loss weight (the `length_norm` data stage
 writes one; astraflow/data/shaping.py). The loss is then the weighted token mean
 Σ w·m·ℓ / Σ w·m over the update's tokens: w = 1 everywhere is the plain token mean
@@ -68,6 +77,7 @@ class LossConfig:
     clip_eps: float = 0.2
     dual_clip: float | None = None
     is_cap: float = 2.0
+    kl_coef: float = 0.0
 
     def __post_init__(self) -> None:
         if self.objective not in ("ppo", "decoupled"):
@@ -78,6 +88,8 @@ class LossConfig:
             raise ValueError(f"dual_clip must be > 1 (it bounds the objective at c·A), got {self.dual_clip}")
         if self.is_cap < 1:
             raise ValueError(f"is_cap must be >= 1, got {self.is_cap}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
 
 
 @dataclass
@@ -92,6 +104,7 @@ class LossStats:
     kl_sum: float = 0.0         # k3 estimate of KL(behaviour ‖ new), per token
     is_weight_sum: float = 0.0  # decoupled: truncated exp(proximal − behaviour)
     is_truncated: float = 0.0   # decoupled: tokens whose weight hit is_cap
+    kl_ref_sum: float = 0.0     # kl_coef > 0: k3 estimate of KL(new ‖ reference), per token
 
     def merge(self, other: LossStats) -> LossStats:
         return LossStats(**{k: getattr(self, k) + getattr(other, k) for k in self.__dataclass_fields__})
@@ -111,13 +124,15 @@ class LossStats:
     def approx_kl(self) -> float:
         return self._mean(self.kl_sum)
 
-    def metrics(self, objective: Objective) -> dict[str, float]:
+    def metrics(self, objective: Objective, *, kl_ref: bool = False) -> dict[str, float]:
         out = {"loss": self.loss, "clip_frac": self.clip_frac, "ratio_mean": self.ratio_mean,
                "approx_kl": self.approx_kl, "dual_clip_frac": self._mean(self.dual_clipped),
                "tokens": float(self.tokens)}
         if objective == "decoupled":
             out["is_weight_mean"] = self._mean(self.is_weight_sum)
             out["is_truncated_frac"] = self._mean(self.is_truncated)
+        if kl_ref:
+            out["kl_ref"] = self._mean(self.kl_ref_sum)
         return out
 
 
@@ -131,6 +146,7 @@ def policy_loss(
     logp_proximal: torch.Tensor | None = None,
     normalizer: float | None = None,
     token_weights: torch.Tensor | None = None,
+    logp_ref: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """The per-token objective of `cfg.objective`, summed over unmasked tokens (times
     `token_weights` when given: the rows' loss weights) and divided by `normalizer`
@@ -140,6 +156,8 @@ def policy_loss(
     All tensors are flat with one entry per token. `logp_proximal` is required
     for `decoupled` (pass `logp_new.detach()` when the step makes one update:
     the proximal policy is then the current one) and ignored for `ppo`.
+    `logp_ref` (the reference policy's logprobs, no grad) is required when
+    `cfg.kl_coef` > 0: each token then adds kl_coef · k3(new, ref) (module docstring).
     """
     if not (logp_new.shape == logp_behavior.shape == advantages.shape == mask.shape):
         raise ValueError("policy_loss: inputs must have one entry per token")
@@ -178,6 +196,18 @@ def policy_loss(
     else:
         dual = objective
     per_token = -dual * weight
+    kl_ref = None
+    if cfg.kl_coef > 0:
+        if logp_ref is None:
+            raise ValueError("policy_loss: kl_coef > 0 needs logp_ref (the reference logprobs)")
+        if logp_ref.shape != logp_new.shape:
+            raise ValueError("policy_loss: logp_ref must have one entry per token")
+        # Masked tokens (a tool's) get 0 before exp, so no inf·0 reaches loss or grad;
+        # the ±20 clamp (verl's) keeps one stale token's exp finite.
+        ref_log_ratio = torch.where(mask > 0, logp_ref.detach() - logp_new,
+                                    torch.zeros_like(logp_new)).clamp(-20.0, 20.0)
+        kl_ref = torch.exp(ref_log_ratio) - ref_log_ratio - 1
+        per_token = per_token + cfg.kl_coef * kl_ref
     loss = (per_token * scale).sum() / n
     with torch.no_grad():
         beh_log_ratio = logp_new - logp_behavior
@@ -193,6 +223,8 @@ def policy_loss(
         if cfg.objective == "decoupled":
             stats.is_weight_sum = float((weight * mask).sum())
             stats.is_truncated = float(((raw_w > cfg.is_cap).to(mask.dtype) * mask).sum())
+        if kl_ref is not None:
+            stats.kl_ref_sum = float((kl_ref * mask).sum())
     return loss, stats
 
 
@@ -514,6 +546,10 @@ class StepSettings:
     autocast: torch.dtype | None = None
     """One process on mixed precision: forward passes under torch.autocast in this
     dtype over float32 weights (sharded ranks use FSDP2's policy instead)."""
+    ref_model: torch.nn.Module | None = None
+    """`loss.kl_coef` > 0: the frozen reference policy (eval mode, no grad, on the
+    policy's device); its logprobs are computed per micro-batch without grad, at the
+    same temperature and chunking as the policy's."""
 
 
 def _split(n: int, parts: int) -> list[tuple[int, int]]:
@@ -538,10 +574,19 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
     measured on logprobs computed before any update of this call: all rows when
     the proximal pass ran, else the first minibatch's rows.
 
+    KL penalty (`s.loss.kl_coef` > 0): every micro-batch also runs `s.ref_model` once
+    without grad for the reference logprobs (module docstring); one process only.
+
     With `ranks` of more than one rank (an FSDP2-sharded `LogprobModel` on every rank,
     each holding the same `batch`), see `_optimize_sharded`.
     """
+    kl = s.loss.kl_coef > 0
+    if kl and s.ref_model is None:
+        raise ValueError("optimize: loss.kl_coef > 0 needs StepSettings.ref_model")
     if ranks is not None and ranks.world > 1:
+        if kl:
+            raise ValueError("algorithm.kl_coef > 0 is not supported with FSDP2-sharded "
+                             "training (several ranks) yet")
         return _optimize_sharded(model, opt, batch, pad_id, s, ranks)
     model.train()
     batch = batch.to(_device_of(model))
@@ -597,15 +642,22 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
                 prox = proximal[off[a + ma] : off[a + mb_end]]
             else:
                 prox = new.detach()
+            ref = None
+            if kl:
+                assert s.ref_model is not None
+                with torch.no_grad(), fwd():
+                    ref = completion_logprobs(s.ref_model, micro.prompts, micro.completions,
+                                              pad_id, temperature=s.temperature,
+                                              chunk_tokens=s.chunk_tokens).logprobs
             loss, st = policy_loss(new, micro.behavior_logprobs, micro.advantages, micro.mask,
                                    s.loss, logp_proximal=prox, normalizer=n_tokens,
-                                   token_weights=micro.weights)
+                                   token_weights=micro.weights, logp_ref=ref)
             loss.backward()
             stats = stats.merge(st)
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)))
         _set_lr(opt, s, len(grad_norms) - 1)
         opt.step()
-    metrics = stats.metrics(s.loss.objective)
+    metrics = stats.metrics(s.loss.objective, kl_ref=kl)
     if grad_norms:
         metrics["loss"] = stats.loss / len(grad_norms)  # mean of the updates' losses
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)

@@ -163,6 +163,7 @@ class Trainer:
         self.model = load_policy(path, dtype=self.spec.model.dtype, lora=self.spec.model.lora)
         self.model.train()
         self._place()
+        self.ref_model = self._reference(versions)
         self.codec = load_codec(path)
         # Tokenizer, chat template and generation config, carried into every version we
         # publish; read now, because the folder may be pruned (or leave the S3 cache).
@@ -229,6 +230,30 @@ class Trainer:
         if fraction is not None and device.type == "cuda":
             # A GPU shared with a vLLM worker: past this share, fail here, not there.
             torch.cuda.set_per_process_memory_fraction(fraction, device)
+
+    def _reference(self, versions: list[int]) -> torch.nn.Module | None:
+        """`algorithm.kl_coef` > 0: a frozen copy of version 0 (the policy's starting
+        point; never pruned), in eval mode without grad, on the policy's device and in
+        its dtype. Loaded afresh on every start (it holds no state). For a LoRA policy
+        it is the full model version 0 holds (base, plus its adapter merged if any)."""
+        if self.spec.algorithm.kl_coef <= 0:
+            return None
+        if self.ranks.sharded:
+            raise ValueError(
+                f"policies.{self.policy}.algorithm.kl_coef > 0 is not supported with FSDP2-"
+                f"sharded training ({self.ranks.world} ranks) yet: train on one rank, or set "
+                f"kl_coef: 0")
+        if 0 not in versions:
+            raise RuntimeError(
+                f"policies.{self.policy}.algorithm.kl_coef > 0 anchors to version 0, which "
+                f"is not in {self.ctx.weights_root}")
+        ref = load_policy(self.weights.load(self.policy, 0), dtype=self.spec.model.dtype)
+        ref.requires_grad_(False)
+        ref.eval()
+        device = self.ranks.device
+        if device.type != "cpu":
+            ref.to(device)
+        return ref
 
     def _roll_back(self) -> int:
         """Rank 0: void the ledger's steps past the checkpoint; returns the steps it had."""
@@ -413,11 +438,13 @@ class Trainer:
         flow's sampling temperature, as the engines record them."""
         algo = self.spec.algorithm
         settings = StepSettings(
-            loss=LossConfig(algo.objective, algo.clip_eps, algo.dual_clip, algo.is_cap),
+            loss=LossConfig(algo.objective, algo.clip_eps, algo.dual_clip, algo.is_cap,
+                            algo.kl_coef),
             temperature=self.ctx.flow.rollout.temperature, minibatches=algo.minibatches,
             micro_batch_rows=algo.micro_batch_rows, chunk_tokens=algo.logprob_chunk_tokens,
             grad_clip=algo.grad_clip, lr=lr_schedule(algo), first_update=self.optimizer_steps,
-            autocast=None if self.ranks.sharded else self.compute)
+            autocast=None if self.ranks.sharded else self.compute,
+            ref_model=self.ref_model)
         return optimize(self.module, self.opt, batch, self.codec.pad_id, settings, self.ranks)
 
     def _publish(self, parent: int | None = None) -> float:
