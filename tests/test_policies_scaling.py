@@ -234,8 +234,7 @@ class _Record(Policy):
 
     def plan(self, obs):
         self.seen.append((obs.time, {s.pool.name: s.quiet_s for s in obs.pools}))
-        self.calm.append((obs.time, {s.pool.name: s.since_preemption_s for s in obs.pools},
-                          {s.pool.name: s.launch_failures_1h for s in obs.pools}))
+        self.calm.append((obs.time, {s.pool.name: s.since_preemption_s for s in obs.pools}))
         return self.inner.plan(obs)
 
 
@@ -252,10 +251,10 @@ def test_simulator_reports_each_pools_quiet_time():
     assert later and all(q < t - 1800 + 1e-6 for t, q in later)
     assert all(q["od"] == pytest.approx(t) for t, q in rec.seen)
     # since_preemption_s: the same clock, restarted by preemptions only (never by a
-    # refused launch), so never shorter than quiet_s; equal where nothing was refused.
-    for (t, q), (_, c, _) in zip(rec.seen, rec.calm, strict=True):
+    # refused launch), so never shorter than quiet_s.
+    for (t, q), (_, c) in zip(rec.seen, rec.calm, strict=True):
         assert all(c[n] >= q[n] - 1e-6 for n in q) and c["od"] == pytest.approx(t)
-    assert all(c["spot"] < t - 1800 + 1e-6 for t, c, _ in rec.calm if 1800 < t < 3000)
+    assert all(c["spot"] < t - 1800 + 1e-6 for t, c in rec.calm if 1800 < t < 3000)
 
 
 def test_cost_aware_holds_while_the_backlog_lasts_and_bootstraps():
