@@ -19,19 +19,22 @@ from astraflow.workload import make_workflow
 class Evaluator:
     """Greedy held-out metric of one policy's versions, in this process (hf engine).
 
-    Built on the policy's newest version (its codec and an engine); each call swaps
-    in the weights of the version asked for. Every version of a policy carries the
-    same tokenizer, so the held-out prompts encode once."""
+    Built on the policy's version 0 (its codec and an engine), which `prune` always
+    keeps, so a live run pruning its old versions cannot pull the version it is built
+    on away mid-load; a store without version 0 (a partial mirror) builds on its newest.
+    Each call swaps in the weights of the version asked for. Every version of a policy
+    carries the same tokenizer, so the held-out prompts encode once."""
 
     def __init__(self, ctx: RunContext, policy: str | None = None):
         self.ctx = ctx
         self.policy = policy or ctx.flow.policy.name
         self.role = ctx.flow.role_of(self.policy)
         self.ws = ctx.weights()
-        newest = self.ws.latest(self.policy)
-        if newest is None:
+        versions = self.ws.versions(self.policy)
+        if not versions:
             raise WeightError(f"no weight versions of {self.policy} in {ctx.weights_root}")
-        self.engine = HFEngine.from_dir(self.ws.load(self.policy, newest),
+        base = 0 if versions[0] == 0 else versions[-1]
+        self.engine = HFEngine.from_dir(self.ws.load(self.policy, base),
                                         dtype=ctx.flow.policy_spec(self.policy).model.dtype)
         self.workflow: Workflow = make_workflow(ctx.flow, self.engine.codec)
         self.metric = self.workflow.metric_name(self.role)

@@ -76,3 +76,15 @@ def test_a_schema_rejects_a_changed_shape():
     """The schemas can fail: yesterday's `{policy: counts}` audit shape is refused."""
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"solver": {"steps": 1}}, AUDIT)
+
+
+def test_eval_survives_the_newest_version_being_pruned_while_it_starts(run_dir, monkeypatch):
+    """A live run prunes old versions: one listed a moment ago may be gone when the
+    evaluator loads it. The evaluator builds on version 0, which prune always keeps."""
+    from astraflow.evaluate import Evaluator
+    from astraflow.stores import WeightStore
+
+    listed = WeightStore.versions
+    monkeypatch.setattr(WeightStore, "versions", lambda self, p: [*listed(self, p), 999])
+    ev = Evaluator(RunContext.open(run_dir))
+    assert 0.0 <= ev(1) <= 1.0
