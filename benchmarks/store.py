@@ -288,7 +288,7 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=20.0, help="added per S3 request")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from astraflow.stores import TrajectoryStore
+    from astraflow.stores import ObjectStore, TrajectoryStore
 
     modes = args.modes.split(",")
     print(f"store benchmark: {args.appends} appends x {args.batch} rows per configuration, "
@@ -314,6 +314,10 @@ def main() -> None:
                         pm = measure("parquet", f"{root}/pq-{tag}", writers, appends, args.batch,
                                      size, args.procs, usage=functools.partial(Usage, server, proxy))
                         parquet = pm["rate"]
+                        # Each configuration meets a server in the same state: the one
+                        # moto process keeps every object in memory, and a full run
+                        # writes GBs.
+                        ObjectStore(root).delete_tree(f"pq-{tag}")
                         if args.verbose:
                             print(f"{'':>13} parquet: {pm['usage'].strip()}")
                         for mode in modes:
@@ -335,6 +339,7 @@ def main() -> None:
                                   f"{np.percentile(m['visible'], 99):>6.2f} {lost:>5} {dup:>4}",
                                   flush=True)
                             print(m["usage"], flush=True)
+                            ObjectStore(root).delete_tree(f"lance-{mode}-{tag}")
             finally:
                 if proxy is not None:
                     proxy.stop()
