@@ -261,6 +261,10 @@ def inspect(
         console.print(render(ep))
     console.print(f"{len(eps)} episode(s) of {pol}" + (f" where {where}" if where else "")
                   + (f" at v{version}" if version is not None else ""), style="dim")
+    staged = ctx.trajectories().pending(pol)
+    if staged:  # `store.write_mode: staged` (S3's default): not in the table until read
+        console.print(f"{staged} more row(s) staged: they show once the trainer has read "
+                      "(and so committed) them", style="dim")
 
 
 @app.command()

@@ -22,6 +22,7 @@ import yaml
 
 from astraflow.flow import FlowError, FlowSpec, ReplicaSpec, load_flow, parse_flow
 from astraflow.stores import CheckpointStore, Ledger, ObjectStore, TrajectoryStore, WeightStore
+from astraflow.stores.trajectories import WriteMode
 from astraflow.stores.uri import S3Settings, is_remote, redact
 
 RESOLVED = "flow.resolved.yaml"
@@ -97,9 +98,20 @@ class RunContext:
     def _budget(self) -> float:
         return self.flow.store.retry_budget_s
 
+    @property
+    def write_mode(self) -> WriteMode:
+        """The flow's `store.write_mode`, or where it is unset: `staged` on an object
+        store, `auto` on a local path. On S3 a lone `auto` writer's own commit is four
+        sequential requests against a staged append's two, and under many writers their
+        own commits keep winning the manifest race against the trainer's commit of the
+        batches they staged, so those wait (README "The trajectory store at scale")."""
+        if self.flow.store.write_mode is not None:
+            return self.flow.store.write_mode
+        return "staged" if is_remote(self.store_uri) else "auto"
+
     def trajectories(self) -> TrajectoryStore:
         return TrajectoryStore(self.store_uri, retry_budget_s=self._budget,
-                               write_mode=self.flow.store.write_mode)
+                               write_mode=self.write_mode)
 
     def weights(self, region: str | None = None) -> WeightStore:
         """The weight store; with `region`, the replica for that region if the flow

@@ -66,7 +66,7 @@ def main() -> None:
                     help="rows not yet read at which writers wait, as rollout workers do at "
                          "rollout.max_backlog_batches (0: no bound, an overload test)")
     ap.add_argument("--write-mode", default="auto", choices=get_args(WriteMode),
-                    help="store.write_mode of the writers: auto (the default) commits a "
+                    help="store.write_mode of the writers: auto (a local flow's default) commits a "
                          "writer's own batch when it wins the race, so the appends are mostly "
                          "commits: the day of table versions this soak is about; staged "
                          "commits many batches per read")

@@ -14,8 +14,9 @@ Contract (DESIGN.md, "Trajectory tables"):
 A consumer that remembers only its cursor (a table version) can restart at any
 time and continue exactly where it stopped: no row twice, none skipped.
 
-`write_mode="auto"` (the default) commits a lone writer's batch itself and stages
-on a lost race; `"staged"` never commits from a writer (the trainer's read commits
+`write_mode="auto"` (this class's default, and a flow's on a local path) commits a
+lone writer's batch itself and stages on a lost race; `"staged"` (a flow's default on
+S3: `RunContext.write_mode`) never commits from a writer (the trainer's read commits
 every batch: fastest on S3); `"direct"` is the old one-`table.add`-per-batch path.
 Numbers in README, "The trajectory store at scale".
 """
