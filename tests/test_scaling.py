@@ -164,7 +164,7 @@ class _SkyRecorder:
         return None
 
 
-def test_sky_backend_launches_pinned_jobs_lists_and_cancels(monkeypatch):
+def test_sky_backend_launches_pinned_jobs_lists_and_cancels(monkeypatch, tmp_path):
     sky = pytest.importorskip("sky")
     from astraflow.scale.backends import SkyBackend
 
@@ -196,7 +196,27 @@ def test_sky_backend_launches_pinned_jobs_lists_and_cancels(monkeypatch):
     assert [(w.worker_id, w.handle) for w in be.live(spot)] == [
         ("east-l4-aa", "math-east-l4-xaa"), ("east-l4-bb", "math-east-l4-xbb")]
     assert [w.handle for w in be.live(od)] == ["math-east-l4-od-xcc"]
-    assert be.preemptions_1h(spot) == 2  # SkyPilot's recovery_count of the pool's jobs
+    assert be.preemptions_1h(spot) == 2  # no recovery times: SkyPilot's recovery_count
+    assert be.since_preemption_s(spot, time.time()) is None  # and no clock
+    # With recovery times: one job recovered 2 h ago, one 10 min ago. Only the recent one
+    # counts, so a pool preempted long ago may grow again; the clock runs from the newest.
+    now = time.time()
+    rec.jobs["math-east-l4-xaa"]["last_recovered_at"] = now - 7200
+    rec.jobs["math-east-l4-xbb"]["last_recovered_at"] = now - 600
+    rec.jobs["math-east-l4-od-xcc"]["recovery_count"] = 0  # never preempted
+    assert be.preemptions_1h(spot) == 1 and be.preemptions_1h(od) == 0
+    assert be.since_preemption_s(spot, now - 9000) == pytest.approx(600, abs=5)
+    assert be.since_preemption_s(od, now - 9000) == pytest.approx(9000, abs=5)  # the run's age
+    from astraflow.policies import CostAware
+    from astraflow.scale import Autoscaler
+
+    scaler = Autoscaler(_run_folder(tmp_path), CostAware(), be, [spot, od], started=now - 9000)
+    st = scaler.observe().pool("east-l4")
+    assert st.preemptions_1h == 1 and st.since_preemption_s == pytest.approx(600, abs=5)
+    assert scaler.observe().pool("east-l4-od").since_preemption_s == pytest.approx(9000, abs=5)
+    rec.jobs["math-east-l4-xbb"]["last_recovered_at"] = now - 5400
+    st = scaler.observe().pool("east-l4")
+    assert st.preemptions_1h == 0 and CostAware().can_grow(st)  # quiet for 90 min: grows
     be.retire(spot, be.live(spot)[:1])
     assert ("cancel", "math-east-l4-xaa") in rec.calls
     assert [w.handle for w in be.live(spot)] == ["math-east-l4-xbb"]

@@ -245,8 +245,8 @@ class SkyBackend:
             envs={"ASTRAFLOW_STORE": self.store, "ASTRAFLOW_POOL": worker_id,
                   "ASTRAFLOW_MINUTES": str(self.minutes), "ASTRAFLOW_REGION": pool.region},
             secrets=secrets, any_of=(entry,) if entry else (), use_spot=pool.spot,
-            # A preempted worker is not relaunched by SkyPilot: the policy sees the loss
-            # and decides where its replacement goes.
+            # A worker that fails on its own is not restarted (SkyPilot still relaunches a
+            # preempted one; the policy sees it through `preemptions_1h`).
             job_recovery={"max_restarts_on_errors": 0}, pool=pool.name,
             command=f"astraflow rollout {self.store} --worker-id {worker_id}")
 
@@ -266,8 +266,36 @@ class SkyBackend:
         for w in workers:  # SkyPilot stops the job; a batch in flight is lost, never half-written
             sky.get(sky.jobs.cancel(name=w.handle))
 
+    def _recovered(self, pool: Pool) -> list[tuple[int, float | None]]:
+        """(recovery_count, last_recovered_at) of this pool's live jobs that SkyPilot
+        has recovered at least once (a preempted managed job is relaunched by SkyPilot
+        itself; `last_recovered_at` is when it last was, None where a SkyPilot version
+        does not report it)."""
+        out = []
+        for r in self._records():
+            n = int(r.get("recovery_count") or 0)
+            if n > 0 and self._mine(pool, r.get("job_name") or "") is not None:
+                at = r.get("last_recovered_at")
+                out.append((n, float(at) if at is not None and float(at) > 0 else None))
+        return out
+
     def preemptions_1h(self, pool: Pool) -> int:
-        """Recoveries SkyPilot made of this pool's live jobs (a preempted managed job is
-        relaunched by SkyPilot and counts one); not limited to the last hour."""
-        return sum(int(r.get("recovery_count") or 0) for r in self._records()
-                   if self._mine(pool, r.get("job_name") or "") is not None)
+        """This pool's live jobs that SkyPilot recovered within the last hour, each once
+        (the queue keeps only a job's latest recovery time, so two in the hour count one).
+        A job with no recovery time counts its whole `recovery_count`. Counting every
+        recovery since launch, as this did, kept a pool preempted once in a long run
+        "short of capacity" for the rest of it, and the cost policy never grew it again."""
+        now = time.time()
+        return sum(n if at is None else int(now - at <= 3600.0)
+                   for n, at in self._recovered(pool))
+
+    def since_preemption_s(self, pool: Pool, run_started: float) -> float | None:
+        """Seconds since SkyPilot last recovered one of this pool's live jobs; since
+        `run_started` where none was; None where a recovery's time is unknown. The cost
+        policy's preemption clock (`PoolState.since_preemption_s`: the cheap tier's
+        quiet time)."""
+        now = time.time()
+        recovered = self._recovered(pool)
+        if any(at is None for _, at in recovered):
+            return None
+        return now - max((at for _, at in recovered), default=run_started)
