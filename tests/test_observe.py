@@ -159,11 +159,15 @@ def test_status_and_inspect_on_s3(s3_env, tmp_path, tiny_policy_dir, monkeypatch
     res = runner.invoke(app, ["status", uri], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert "v1" in res.output and "25.0%" in res.output and "cloud run" in res.output
-    # On S3 a flow stages its rows by default: inspect says so until the trainer reads.
+    # On S3 a flow stages its rows by default: status and inspect say so until the
+    # trainer reads them.
+    assert "0 +8 staged" in res.output
     res = runner.invoke(app, ["inspect", uri, "--where", "worker = 'w0'"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert "0 episode(s)" in res.output and "8 more row(s) staged" in res.output
     assert ctx.trajectories().read_after("solver", 0) is not None  # the trainer's read
+    res = runner.invoke(app, ["status", uri], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "staged" not in res.output, res.output
     res = runner.invoke(app, ["inspect", uri, "--where", "worker = 'w0'", "--json"])
     assert res.exit_code == 0, res.output
     eps = [json.loads(line) for line in res.output.splitlines()]

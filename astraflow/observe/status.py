@@ -53,6 +53,14 @@ def policy_summary(view: RunView, policy: str) -> dict[str, Any]:
     }
 
 
+def _rows(committed: int, staged: int) -> Text:
+    """The table's rows, and those written but staged until the trainer's next read."""
+    out = Text(str(committed))
+    if staged:
+        out.append(f" +{staged} staged", style="dim")
+    return out
+
+
 def render(view: RunView) -> Group:
     """One table of policies, then components and pools."""
     flow = view.ctx.flow
@@ -72,7 +80,7 @@ def render(view: RunView) -> Group:
             "—" if s["rows_per_s"] is None else f"{s['rows_per_s']:.1f}",
             "—" if s["staleness"] is None else f"{s['staleness']:.2f}",
             "—" if s["trainer_wait"] is None else f"{s['trainer_wait']:.0%}",
-            str(s["trajectory_rows"]), str(int(s["rows_shed"])))
+            _rows(s["trajectory_rows"], view.staged(p)), str(int(s["rows_shed"])))
     parts: list[Any] = [pols]
     comps = Table(title="components", title_justify="left")
     for col in ("component", "state", "pid", "restarts", "last exits"):

@@ -238,6 +238,12 @@ class RunView:
             out[pool] = ([b * BIN_S for b in xs], [len(bins.get(b, ())) for b in xs])
         return out
 
+    def staged(self, policy: str) -> int:
+        """Rows written but staged, not yet in the table: they show once the trainer has
+        read (and so committed) them (`store.write_mode: staged`, a flow's default on S3).
+        One listing of the markers; not part of `refresh`, whose reads stay one per table."""
+        return self._traj.pending(policy)
+
     def live_workers(self, window_s: float = 60.0) -> dict[str, set[str]]:
         """Workers per pool that committed rows in the last `window_s` of the run."""
         end = max((pr.times[-1] for pr in self.rows.values() if pr.times), default=0.0)
