@@ -38,7 +38,7 @@ Three rules, each with the reason it exists:
     its third, the rest came from spot A100); the quiet time keeps pools that lose
     workers often at the third, where a larger loss would cost wait and cold starts.
     Unknown quiet time: the third (the local and Modal backends of `astraflow scale`;
-    the SkyPilot backend reports the preemption clock, `SkyBackend.since_preemption_s`).
+    the SkyPilot backend reports the preemption clock, `SkyBackend.preemptions`).
   * Which quiet time earns a share (`share_clock`): the time since the pool's last
     preemption. A refused launch says the pool has no room for one more worker now, not
     that the workers it runs are at risk, and the share is a hedge against losing

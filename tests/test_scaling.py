@@ -196,17 +196,18 @@ def test_sky_backend_launches_pinned_jobs_lists_and_cancels(monkeypatch, tmp_pat
     assert [(w.worker_id, w.handle) for w in be.live(spot)] == [
         ("east-l4-aa", "math-east-l4-xaa"), ("east-l4-bb", "math-east-l4-xbb")]
     assert [w.handle for w in be.live(od)] == ["math-east-l4-od-xcc"]
-    assert be.preemptions_1h(spot) == 2  # no recovery times: SkyPilot's recovery_count
-    assert be.since_preemption_s(spot, time.time()) is None  # and no clock
+    # No recovery times: SkyPilot's recovery_count, and no clock.
+    assert be.preemptions(spot, time.time()) == (2, None)
     # With recovery times: one job recovered 2 h ago, one 10 min ago. Only the recent one
     # counts, so a pool preempted long ago may grow again; the clock runs from the newest.
     now = time.time()
     rec.jobs["math-east-l4-xaa"]["last_recovered_at"] = now - 7200
     rec.jobs["math-east-l4-xbb"]["last_recovered_at"] = now - 600
     rec.jobs["math-east-l4-od-xcc"]["recovery_count"] = 0  # never preempted
-    assert be.preemptions_1h(spot) == 1 and be.preemptions_1h(od) == 0
-    assert be.since_preemption_s(spot, now - 9000) == pytest.approx(600, abs=5)
-    assert be.since_preemption_s(od, now - 9000) == pytest.approx(9000, abs=5)  # the run's age
+    lost, since = be.preemptions(spot, now - 9000)
+    assert lost == 1 and since == pytest.approx(600, abs=5)
+    lost, since = be.preemptions(od, now - 9000)
+    assert lost == 0 and since == pytest.approx(9000, abs=5)  # the run's age
     from astraflow.policies import CostAware
     from astraflow.scale import Autoscaler
 

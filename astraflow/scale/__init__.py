@@ -98,12 +98,10 @@ class Autoscaler:
             span = [min(self.window_s, now - w.started) for w in productive]
             rate = (sum(mine[w.worker_id] for w in productive) / sum(span)
                     if productive and sum(span) > 0 else None)
-            clock = getattr(self.backend, "since_preemption_s", None)  # Sky reports it
+            lost_1h, since_lost = self.backend.preemptions(pool, self.started)
             states.append(PoolState(pool, live=len(live), starting=len(live) - len(productive),
-                                    rows_per_s=rate,
-                                    preemptions_1h=self.backend.preemptions_1h(pool),
-                                    since_preemption_s=clock(pool, self.started) if clock
-                                    else None))
+                                    rows_per_s=rate, preemptions_1h=lost_1h,
+                                    since_preemption_s=since_lost))
         left = None
         if self.ctx.flow.stop.max_minutes:
             left = self.started + self.ctx.flow.stop.max_minutes * 60 - now

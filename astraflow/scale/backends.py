@@ -49,7 +49,10 @@ class Backend(Protocol):
     def live(self, pool: Pool) -> list[Worker]: ...
     def launch(self, pool: Pool, worker_id: str) -> Worker: ...
     def retire(self, pool: Pool, workers: list[Worker]) -> None: ...
-    def preemptions_1h(self, pool: Pool) -> int: ...
+    def preemptions(self, pool: Pool, run_started: float) -> tuple[int, float | None]:
+        """Workers the cloud took from `pool` in the last hour, and seconds since it last
+        took one (since `run_started` if it never did; None: unknown)."""
+        ...
 
 
 class _JsonState:
@@ -126,8 +129,8 @@ class LocalBackend:
             except ProcessLookupError:
                 pass
 
-    def preemptions_1h(self, pool: Pool) -> int:
-        return 0
+    def preemptions(self, pool: Pool, run_started: float) -> tuple[int, float | None]:
+        return 0, None  # no cloud takes local processes; no clock reported, as before
 
 
 class ModalBackend:
@@ -184,8 +187,8 @@ class ModalBackend:
         for w in workers:
             modal.FunctionCall.from_id(w.handle).cancel()
 
-    def preemptions_1h(self, pool: Pool) -> int:
-        return 0  # Modal retries preempted inputs itself (apps/rollout.py: retries)
+    def preemptions(self, pool: Pool, run_started: float) -> tuple[int, float | None]:
+        return 0, None  # Modal retries preempted inputs itself (apps/rollout.py: retries)
 
 
 class SkyBackend:
@@ -266,36 +269,26 @@ class SkyBackend:
         for w in workers:  # SkyPilot stops the job; a batch in flight is lost, never half-written
             sky.get(sky.jobs.cancel(name=w.handle))
 
-    def _recovered(self, pool: Pool) -> list[tuple[int, float | None]]:
-        """(recovery_count, last_recovered_at) of this pool's live jobs that SkyPilot
-        has recovered at least once (a preempted managed job is relaunched by SkyPilot
-        itself; `last_recovered_at` is when it last was, None where a SkyPilot version
-        does not report it)."""
-        out = []
+    def preemptions(self, pool: Pool, run_started: float) -> tuple[int, float | None]:
+        """From one listing of the job queue: this pool's live jobs that SkyPilot
+        recovered from a preemption (it relaunches a preempted managed job itself) within
+        the last hour, each once (the queue keeps only a job's latest recovery time, so
+        two in the hour count one; a job with no recovery time counts its whole
+        `recovery_count`); and seconds since the latest recovery (since `run_started`
+        if none; None where a recovery's time is unknown): the cost policy's preemption
+        clock (`PoolState.since_preemption_s`, the cheap tier's quiet time). Counting
+        every recovery since launch, as this did, kept a pool preempted once in a long
+        run "short of capacity" for the rest of it, and the cost policy never grew it
+        again."""
+        now, n_1h, times = time.time(), 0, []
         for r in self._records():
             n = int(r.get("recovery_count") or 0)
-            if n > 0 and self._mine(pool, r.get("job_name") or "") is not None:
-                at = r.get("last_recovered_at")
-                out.append((n, float(at) if at is not None and float(at) > 0 else None))
-        return out
-
-    def preemptions_1h(self, pool: Pool) -> int:
-        """This pool's live jobs that SkyPilot recovered within the last hour, each once
-        (the queue keeps only a job's latest recovery time, so two in the hour count one).
-        A job with no recovery time counts its whole `recovery_count`. Counting every
-        recovery since launch, as this did, kept a pool preempted once in a long run
-        "short of capacity" for the rest of it, and the cost policy never grew it again."""
-        now = time.time()
-        return sum(n if at is None else int(now - at <= 3600.0)
-                   for n, at in self._recovered(pool))
-
-    def since_preemption_s(self, pool: Pool, run_started: float) -> float | None:
-        """Seconds since SkyPilot last recovered one of this pool's live jobs; since
-        `run_started` where none was; None where a recovery's time is unknown. The cost
-        policy's preemption clock (`PoolState.since_preemption_s`: the cheap tier's
-        quiet time)."""
-        now = time.time()
-        recovered = self._recovered(pool)
-        if any(at is None for _, at in recovered):
-            return None
-        return now - max((at for _, at in recovered), default=run_started)
+            if n <= 0 or self._mine(pool, r.get("job_name") or "") is None:
+                continue
+            at = r.get("last_recovered_at")
+            at = float(at) if at is not None and float(at) > 0 else None
+            n_1h += n if at is None else int(now - at <= 3600.0)
+            times.append(at)
+        if any(at is None for at in times):
+            return n_1h, None
+        return n_1h, now - max(times, default=run_started)
