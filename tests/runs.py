@@ -36,3 +36,24 @@ def worker_flow(**rollout: Any) -> dict[str, Any]:
         "env": {"digits": 2, "eval_size": 20},
         "rollout": {"prompts_per_batch": 3, "samples_per_prompt": 2, **rollout},
     }
+
+
+def check_staged_until_read(ctx: RunContext, worker_id: str) -> None:
+    """Under `store.write_mode: staged` a worker's two batches (6 rows each) are staged
+    (data files and a marker, no commit) and count as backlog; the trainer's read
+    (`read_after`) commits both in one table version and reads each row once."""
+    from astraflow.rollout.worker import RolloutWorker
+
+    traj = ctx.trajectories()
+    assert traj.write_mode == "staged"
+    w = RolloutWorker(ctx, worker_id)
+    assert w.refresh_weights()
+    v = traj.latest_version("solver")
+    assert w.produce_batch() == 6 and w.produce_batch() == 6
+    assert traj.latest_version("solver") == v  # no writer commits
+    assert traj.pending("solver") == 12 and traj.count("solver") == 12
+    sl = traj.read_after("solver", v, min_rows=1)
+    assert traj.latest_version("solver") == v + 1  # both batches in one commit
+    assert traj.pending("solver") == 0 and sl.num_rows == 12 and sl.end == v + 1
+    assert len(set(sl.rows.column("traj_id").to_pylist())) == 12
+    assert traj.read_after("solver", sl.end, min_rows=1) is None

@@ -191,23 +191,13 @@ def test_a_flow_on_s3_stages_by_default_a_local_one_commits(s3_env, tmp_path, ti
     and many writers' own commits starve the trainer's); a local flow keeps `auto`, and
     a mode the flow names wins over both."""
     from astraflow.flow import parse_flow
-    from astraflow.rollout.worker import RolloutWorker
-    from tests.runs import seeded_run, worker_flow
+    from tests.runs import check_staged_until_read, seeded_run, worker_flow
 
     uri = f"s3://{s3_env}/runs/staged-default"
     ctx = seeded_run(tmp_path / "s3run", {**worker_flow(), "store": {"uri": uri}},
                      tiny_policy_dir)
-    traj = ctx.trajectories()
-    assert ctx.write_mode == traj.write_mode == "staged"
-    w = RolloutWorker(ctx, "wS3")
-    assert w.refresh_weights()
-    v = traj.latest_version("solver")
-    assert w.produce_batch() == 6 and w.produce_batch() == 6
-    assert traj.latest_version("solver") == v  # no writer committed
-    assert traj.pending("solver") == 12 and traj.count("solver") == 12
-    sl = traj.read_after("solver", v, min_rows=1)
-    assert traj.latest_version("solver") == v + 1 and sl.num_rows == 12  # one commit, all rows
-    assert len(set(sl.rows.column("traj_id").to_pylist())) == 12
+    assert ctx.write_mode == "staged"
+    check_staged_until_read(ctx, "wS3")
 
     local = RunContext(parse_flow(worker_flow()), tmp_path / "local")
     assert local.write_mode == local.trajectories().write_mode == "auto"

@@ -10,7 +10,7 @@ import pytest
 
 from astraflow.rollout.worker import RolloutWorker
 from astraflow.stores import LedgerEntry, Progress
-from tests.runs import seeded_run, worker_flow
+from tests.runs import check_staged_until_read, seeded_run, worker_flow
 
 
 @pytest.fixture
@@ -134,17 +134,4 @@ def test_staged_write_mode_leaves_batches_for_the_trainers_read(tmp_path, tiny_p
     marker, no commit), count as backlog, and the consumer's `read_after` (the trainer's
     read) commits them all in one table version and reads each row once."""
     flow = {**worker_flow(), "store": {"write_mode": "staged"}}
-    ctx = seeded_run(tmp_path / "run", flow, tiny_policy_dir)
-    traj = ctx.trajectories()
-    assert traj.write_mode == "staged"
-    w = RolloutWorker(ctx, "wS")
-    assert w.refresh_weights()
-    v = traj.latest_version("solver")
-    assert w.produce_batch() == 6 and w.produce_batch() == 6
-    assert traj.latest_version("solver") == v  # no writer commits
-    assert traj.pending("solver") == 12 and traj.count("solver") == 12
-    sl = traj.read_after("solver", v, min_rows=1)
-    assert traj.latest_version("solver") == v + 1  # both batches in one commit
-    assert traj.pending("solver") == 0 and sl.num_rows == 12 and sl.end == v + 1
-    assert len(set(sl.rows.column("traj_id").to_pylist())) == 12
-    assert traj.read_after("solver", sl.end, min_rows=1) is None
+    check_staged_until_read(seeded_run(tmp_path / "run", flow, tiny_policy_dir), "wS")
