@@ -364,10 +364,10 @@ def aims(rows_of: dict[tuple[str, str, str], list[tuple[int, float, float, float
         # Plain Parquet files' own gain over the same writer counts: what the machine
         # allows any write path (no coordination at all).
         floor = top[1] * first[2] / top[2] if top[2] else float("nan")
+        p99 = max(r[3] for r in rs)
         parts = [f"{top[0]} writers {top[1]:.2f}x one ({'met' if top[1] >= 4 else 'not met'}; "
                  f"Parquet files {floor:.2f}x)",
-                 f"worst p99 {max(r[3] for r in rs):.2f} s "
-                 f"({'met' if max(r[3] for r in rs) <= 2 else 'not met'})"]
+                 f"worst p99 {p99:.2f} s ({'met' if p99 <= 2 else 'not met'})"]
         if size == "long" and first[0] == 1:
             parts.append(f"1 writer {first[2]:.2f}x Parquet "
                          f"({'met' if first[2] >= 0.5 else 'not met'})")
