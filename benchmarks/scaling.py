@@ -22,7 +22,12 @@ each, the same run, on the same scenario:
                   thresholds high = 20% .. 2% (low = high / 4) from a third of the need,
                   and with floors need - 2, need - 1 (its best shot at a low wait)
     cost-dollars  cost-aware with gpu_ref="none" (dollars alone), for comparison
-    cost          cost-aware with its DEFAULTS (the policy the aims are about)
+    cost          cost-aware with its DEFAULTS (the policy the aims are about), but for
+                  `bootstrap`: it starts with need - 1 workers (spread over the pools by
+                  its hedge), as the dead band's floored settings start with need - 2 or
+                  need - 1 and fixed-od with need: every policy is told the size of
+                  fleet to start with. Its default (2) would wait through the ramp after
+                  the first step (about 0.8 points of wait on every scenario).
 
 Aims (issue 13): cost <= 0.6x the fixed on-demand rollout cost at equal trainer steps,
 trainer wait <= 5%, fewer GPU-hours than the dead band at equal wait. "At equal wait":
@@ -132,8 +137,9 @@ def run_case(case: Case, steps: int, out: Path, params: dict) -> dict:
                        f"deadband-{h:g}-min{m}")
               for m in (need - 2, need - 1) for h in BANDS_FLOORED]
     fixed = simulate(scn, Fixed(need, od_name), "fixed-od")
-    cost_d = simulate(scn, CostAware(gpu_ref="none"), "cost-dollars")
-    cost = simulate(scn, CostAware(**params), "cost")
+    boot = {"bootstrap": need - 1}  # as the dead band's floored settings start
+    cost_d = simulate(scn, CostAware(**{**boot, "gpu_ref": "none"}), "cost-dollars")
+    cost = simulate(scn, CostAware(**{**boot, **params}), "cost")
     dead, reached = matched_band(bands, cost.trainer_wait_fraction)
     floor = spot_floor(scn.pools)
     # The most GPU-hours the aim could allow a policy: its dead band at the lowest wait.
@@ -155,7 +161,8 @@ def run_case(case: Case, steps: int, out: Path, params: dict) -> dict:
     print("pools ($/h, cheapest zone of the region; rows/s per worker ASSUMED from "
           "accelerator): " + ", ".join(f"{p.name} ${p.price_per_hour:.3f}" for p in scn.pools))
     print("spot capacity traces (ASSUMED mapping): " + "; ".join(case.mapping))
-    print(f"fixed-od and deadband use {od_name}, fixed at {need} workers")
+    print(f"fixed-od and deadband use {od_name}, fixed at {need} workers; cost-aware starts "
+          f"with {params.get('bootstrap', need - 1):g}")
     print(format_runs([fixed, dead, cost_d, cost]))
     print("dead band, wait -> GPU-h: " + ", ".join(
         f"{r.policy[9:]} {r.trainer_wait_fraction:.1%} -> {r.gpu_hours:.1f}" for r in bands))
@@ -217,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                          "them once; fresh2, fresh3: a second and a third such set; "
                          "all: every set")
     ap.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                    help="a CostAware parameter for the `cost` run (default: its defaults), "
-                         "e.g. --param max_pool_share=0.333")
+                    help="a CostAware parameter for the `cost` run (default: its defaults "
+                         "and bootstrap = need - 1), e.g. --param max_pool_share=0.333")
     ns = ap.parse_args(argv)
     if not (ns.data / "gpu_prices.csv").exists():
         print(f"no {ns.data}/gpu_prices.csv: pass --data", file=sys.stderr)

@@ -267,11 +267,23 @@ def test_cost_aware_holds_while_the_backlog_lasts_and_bootstraps():
     p = pol.plan(_obs(demand=10.0, backlog=400, live={"spot-a": 2}, bound=1024,
                       pools=(Pool("spot-a", spot=True, price_per_hour=1.0, rows_per_s=4.0),)))
     assert p.targets == {"spot-a": 2} and p.reason.startswith("hold"), p.reason
-    p = pol.plan(_obs(wait=1.0))  # nothing measured, nothing running
-    assert sum(p.targets.values()) == pol.bootstrap and p.targets["spot-a"] == pol.bootstrap
+    # Nothing measured, nothing running: `bootstrap` workers' worth of the cheapest
+    # pool's rows, placed as a measured demand would be (no spot pool past its third).
+    p = pol.plan(_obs(wait=1.0))
+    assert p.targets == {"od": 0, "spot-a": 1, "spot-b": 1}, p.reason
+    assert p.reason.startswith("bootstrap")
+    p = CostAware(bootstrap=9).plan(_obs(wait=1.0))  # 36 rows/s: 3 + 3 spot, 3 on demand
+    assert p.targets == {"od": 3, "spot-a": 3, "spot-b": 3}, p.reason
+    # A pool that refused a launch is skipped, and the fleet topped up elsewhere.
+    p = CostAware(bootstrap=9).plan(_obs(wait=1.0, live={"spot-b": 1, "od": 3},
+                                         **{"spot-a": {"launch_failures_1h": 1}}))
+    assert p.targets == {"od": 6, "spot-a": 0, "spot-b": 3}, p.reason
+    with pytest.raises(ValueError, match="bootstrap"):
+        CostAware(bootstrap=0)
     # Running, before the first step: the wait says nothing about the pace yet.
-    p = pol.plan(_obs(wait=1.0, live={"spot-a": 2}))
-    assert p.targets == {"od": 0, "spot-a": 2, "spot-b": 0}, p.reason
+    p = pol.plan(_obs(wait=1.0, live={"spot-a": 1, "spot-b": 1}))
+    assert p.targets == {"od": 0, "spot-a": 1, "spot-b": 1}, p.reason
+    assert p.reason.startswith("waiting for the trainers' first steps"), p.reason
     # Mid-run, a window without a step: starving; the pace is inferred from the wait.
     obs = _obs(wait=0.8, live={"spot-a": 2})
     obs = replace(obs, trainers=(replace(obs.trainers[0], steps_done=40),))
