@@ -443,6 +443,74 @@ def test_autoscaler_observes_the_store_and_acts(tmp_path):
             os.kill(int(w.handle), signal.SIGKILL)
 
 
+def test_a_launch_that_never_gives_a_row_is_a_refused_launch(tmp_path):
+    """SkyPilot keeps a managed job with no capacity in STARTING and Modal queues a call:
+    the autoscaler sees a worker that never gives a row. Past `refuse_after_s` it retires
+    it and writes a `launch_refused` row, and every observation in the next hour (of this
+    autoscaler or a restarted one) reports the refusal, so the cost policy grows
+    elsewhere. A worker that gave rows before (now blocked, say) is left alone, and none
+    is judged while the backlog is at its bound (backpressure also stops rows)."""
+    from dataclasses import replace
+
+    from astraflow.policies import CostAware, Plan, Policy
+    from astraflow.scale import Autoscaler
+    from astraflow.scale.backends import LocalBackend
+
+    class Want(Policy):
+        name = "want"
+        targets = {"cheap": 1, "od": 1}
+
+        def plan(self, obs):
+            return Plan(dict(self.targets), "as told")
+
+    ctx = _run_folder(tmp_path)
+    led = ctx.ledger()
+    fake = (sys.executable, str(FIX / "fake_worker.py"))
+    cheap = Pool("cheap", backend="local", spot=True, price_per_hour=0.3, rows_per_s=5.0,
+                 cold_start_s=60.0, max_workers=2)
+    od = Pool("od", backend="local", price_per_hour=1.0, rows_per_s=5.0, cold_start_s=60.0,
+              max_workers=2)
+    be = LocalBackend(ctx.run_dir, command=fake)
+    pol = Want()
+    scaler = Autoscaler(ctx, pol, be, [cheap, od], window_s=0.5, refuse_after_s=1.5)
+    assert Autoscaler(ctx, pol, be, [cheap]).refuse_after(cheap) == 600.0  # the floor
+    try:
+        scaler.tick()
+        [w_cheap], [w_od] = be.live(cheap), be.live(od)
+        led.log("worker", w_od.worker_id, 1, {"worker_rows": 16})  # od gives rows
+        assert _until(lambda: time.time() - w_cheap.started > 2.0, 10)
+        obs = scaler.observe()
+        assert obs.pool("cheap").starting == 1 and obs.pool("od").starting == 1  # window 0.5 s
+        # At the backlog's bound nothing is judged: backpressure also keeps rows back.
+        full = replace(obs, trainers=tuple(replace(t, backlog_rows=t.max_backlog_rows)
+                                           for t in obs.trainers))
+        assert scaler.refuse_stuck(full) == {}
+        d = scaler.tick()
+        # Retired: SIGTERM, and the worker finished as a real one finishes its batch.
+        assert _until(lambda: (ctx.run_dir / f"{w_cheap.worker_id}.finished").exists(), 10)
+        assert [w.worker_id for w in be.live(od)] == [w_od.worker_id]  # it gave rows once
+        refused = led.read_metrics(since=0.0, names=["launch_refused"]).to_pylist()
+        assert [(r["component"], r["policy"], r["value"]) for r in refused] == [
+            ("scale", "cheap", 1.0)]
+        assert "as told" in d.reason
+        assert scaler.observe().pool("cheap").launch_failures_1h == 1
+        # A restarted autoscaler finds the refusal in the store: the cost policy holds
+        # the pool back for the hour and grows elsewhere.
+        again = Autoscaler(ctx, CostAware(), LocalBackend(ctx.run_dir, command=fake),
+                           [cheap, od], window_s=0.5, refuse_after_s=1.5)
+        st = again.observe().pool("cheap")
+        assert st.launch_failures_1h == 1 and st.quiet_s is None  # no preemption clock
+        assert not CostAware().can_grow(st)
+        again.backend.preemptions = lambda pool, started: (0, 5000.0)  # a backend with one
+        st = again.observe().pool("cheap")
+        assert st.quiet_s is not None and st.quiet_s < 60.0
+        assert again.observe().pool("od").launch_failures_1h == 0
+    finally:
+        for pool in (cheap, od):
+            for w in LocalBackend(ctx.run_dir).live(pool):
+                os.kill(int(w.handle), signal.SIGKILL)
+
+
 def test_scale_cli_refuses_bad_arguments(tmp_path):
     from typer.testing import CliRunner
 

@@ -9,6 +9,15 @@
         ─► policy.plan(obs) ─► backend.launch / backend.retire (SIGTERM: the worker
            finishes its batch, commits, exits) ─► one `scale` metrics row per pool
 
+A launch the cloud cannot serve does not fail at once on SkyPilot (a managed job waits
+in STARTING and retries until capacity appears) or Modal (the call queues): it is a
+worker that never gives a row. So a worker with no row `refuse_after_s` after its
+launch (default: three of its pool's cold starts, at least 10 minutes), while the
+backlog had room for its rows, is a refused launch: it is retired and a
+`launch_refused` row written to the run's metrics, and the pool's refusals of the last
+hour come back in each observation (`PoolState.launch_failures_1h`, `quiet_s`), as in
+the simulator. The cost policy then grows elsewhere and may probe the pool later.
+
 Stateless over the store: the live workers are whatever the backend lists (a
 state file in the run folder for local processes, the store for Modal calls,
 SkyPilot's job queue for sky jobs) and everything else is read from the store,
@@ -41,6 +50,13 @@ class Autoscaler:
     interval_s: float = 10.0
     window_s: float = 30.0
     started: float = field(default_factory=time.time)
+    refuse_after_s: float | None = None  # None: max(3 x the pool's cold start, 600 s)
+
+    def refuse_after(self, pool: Pool) -> float:
+        """Seconds without a row after which a launch in `pool` counts as refused."""
+        if self.refuse_after_s is not None:
+            return self.refuse_after_s
+        return max(3.0 * pool.cold_start_s, 600.0)
 
     # -- observe -------------------------------------------------------------------
     def _trainer_state(self, policy: str, now: float) -> TrainerState:
@@ -83,10 +99,59 @@ class Autoscaler:
                 out[r["policy"]] += int(r["value"])
         return out
 
+    def _refusals(self, now: float) -> dict[str, list[float]]:
+        """When each pool's launches were refused in the last hour (`launch_refused` rows
+        of this run's metrics: they outlive the autoscaler, as everything it knows)."""
+        out: dict[str, list[float]] = defaultdict(list)
+        for r in self.ctx.ledger().read_metrics(since=now - 3600.0,
+                                                names=["launch_refused"]).to_pylist():
+            if r["component"] == COMPONENT:
+                out[r["policy"]] += [r["time"]] * int(r["value"])
+        return out
+
+    def refuse_stuck(self, obs: Observation) -> dict[str, int]:
+        """Retire the workers that gave no row `refuse_after` their launch and count each
+        as a refused launch of its pool (one `launch_refused` metrics row per pool). Not
+        while a trainer's backlog is at its bound: a worker that waits on backpressure
+        gives no row either."""
+        if any(t.max_backlog_rows and t.backlog_rows >= t.max_backlog_rows
+               for t in obs.trainers):
+            return {}
+        now = time.time()
+        old = {pool.name: [w for w in self.backend.live(pool)
+                           if now - w.started > self.refuse_after(pool)]
+               for pool in self.pools if obs.pool(pool.name).starting}
+        since = min((w.started for ws in old.values() for w in ws), default=None)
+        if since is None:
+            return {}
+        ever: dict[str, int] = defaultdict(int)  # rows since the oldest one's launch
+        for r in self.ctx.ledger().read_metrics(since=since - 1.0,
+                                                names=["worker_rows"]).to_pylist():
+            if r["component"] == "worker":
+                ever[r["policy"]] += int(r["value"])
+        out = {}
+        for pool in self.pools:
+            stuck = [w for w in old.get(pool.name, [])
+                     if not any(n for k, n in ever.items()
+                                if k == w.worker_id or k.startswith(w.worker_id + "-"))]
+            if stuck:
+                log.warning("scale: %d launch(es) in %s gave no row in %.0f s: refused "
+                            "(no capacity?), retired", len(stuck), pool.name,
+                            self.refuse_after(pool))
+                self.backend.retire(pool, stuck)
+                out[pool.name] = len(stuck)
+        if out:
+            led = self.ctx.ledger()
+            led.log_many(COMPONENT, [(name, int(now), {"launch_refused": n})
+                                     for name, n in out.items()])
+            led.flush_metrics()
+        return out
+
     def observe(self) -> Observation:
         now = time.time()
         trainers = tuple(self._trainer_state(p, now) for p in self.ctx.flow.policy_names())
         rows = self._rows_by_worker(now)
+        refused = self._refusals(now)
         states = []
         for pool in self.pools:
             live = self.backend.live(pool)
@@ -99,8 +164,13 @@ class Autoscaler:
             rate = (sum(mine[w.worker_id] for w in productive) / sum(span)
                     if productive and sum(span) > 0 else None)
             lost_1h, since_lost = self.backend.preemptions(pool, self.started)
+            ref = refused.get(pool.name, [])
+            # Quiet since a preemption or a refusal: known only where the preemption
+            # clock is (a refusal alone does not say when the cloud last took a worker).
+            quiet = None if since_lost is None else min([since_lost, *(now - t for t in ref)])
             states.append(PoolState(pool, live=len(live), starting=len(live) - len(productive),
                                     rows_per_s=rate, preemptions_1h=lost_1h,
+                                    launch_failures_1h=len(ref), quiet_s=quiet,
                                     since_preemption_s=since_lost))
         left = None
         if self.ctx.flow.stop.max_minutes:
@@ -110,6 +180,8 @@ class Autoscaler:
     # -- act -------------------------------------------------------------------------
     def tick(self) -> Decision:
         obs = self.observe()
+        if self.refuse_stuck(obs):
+            obs = self.observe()  # the refusals are in it now
         plan = self.policy.plan(obs).clamp(obs)
         for pool in self.pools:
             target = plan.targets.get(pool.name)
