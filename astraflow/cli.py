@@ -446,6 +446,10 @@ def scale(
     worker_minutes: Annotated[float, typer.Option(help="each worker stops after this many "
                                                        "minutes")] = 60.0,
     runs: Annotated[Path, typer.Option(help="folder holding `runs/<name>/` (for a flow YAML)")] = Path("runs"),
+    refuse_after: Annotated[float | None, typer.Option(
+        help="seconds a launched worker may go without a row before it counts as a refused "
+             "launch and is retired (default: 3 of its pool's cold starts, at least 600; "
+             "0: never)")] = None,
 ) -> None:
     """Autoscale a run's rollout workers with a scaling policy (stateless: kill and restart
     it at will). Stops once every trainer reached stop.max_steps, retiring its workers."""
@@ -467,7 +471,10 @@ def scale(
                                       max_workers=max_workers, worker_minutes=worker_minutes)
     except (ValueError, FileNotFoundError) as err:
         _fail(str(err))
-    scaler = Autoscaler(ctx, pol, be, pools, interval_s=interval, window_s=window)
+    if refuse_after is not None and refuse_after < 0:
+        _fail(f"--refuse-after must be >= 0 seconds, got {refuse_after:g}")
+    scaler = Autoscaler(ctx, pol, be, pools, interval_s=interval, window_s=window,
+                        refuse_after_s=refuse_after)
     import faulthandler
     import signal
 

@@ -474,6 +474,7 @@ def test_a_launch_that_never_gives_a_row_is_a_refused_launch(tmp_path):
     pol = Want()
     scaler = Autoscaler(ctx, pol, be, [cheap, od], window_s=0.5, refuse_after_s=1.5)
     assert Autoscaler(ctx, pol, be, [cheap]).refuse_after(cheap) == 600.0  # the floor
+    assert Autoscaler(ctx, pol, be, [cheap], refuse_after_s=0).refuse_after(cheap) == float("inf")
     try:
         scaler.tick()
         [w_cheap], [w_od] = be.live(cheap), be.live(od)
@@ -523,6 +524,8 @@ def test_scale_cli_refuses_bad_arguments(tmp_path):
     assert r.exit_code == 2 and "no built-in scaling policy" in r.output
     r = CliRunner().invoke(app, ["scale", str(ctx.run_dir), "--backend", "sky"])
     assert r.exit_code == 2 and "no sky pool" in r.output  # the flow has no launch: section
+    r = CliRunner().invoke(app, ["scale", str(ctx.run_dir), "--refuse-after", "-1"])
+    assert r.exit_code == 2 and "--refuse-after must be >= 0" in r.output
 
 
 def test_a_real_worker_reports_its_rows_to_the_autoscaler(tmp_path, tiny_policy_dir):

@@ -28,6 +28,7 @@ Workers it started keep running while it is down.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -50,12 +51,13 @@ class Autoscaler:
     interval_s: float = 10.0
     window_s: float = 30.0
     started: float = field(default_factory=time.time)
-    refuse_after_s: float | None = None  # None: max(3 x the pool's cold start, 600 s)
+    refuse_after_s: float | None = None  # None: max(3 x the pool's cold start, 600 s); 0: never
 
     def refuse_after(self, pool: Pool) -> float:
-        """Seconds without a row after which a launch in `pool` counts as refused."""
+        """Seconds without a row after which a launch in `pool` counts as refused (inf:
+        never; for workers whose first batch can take longer, e.g. a large model's load)."""
         if self.refuse_after_s is not None:
-            return self.refuse_after_s
+            return self.refuse_after_s if self.refuse_after_s > 0 else math.inf
         return max(3.0 * pool.cold_start_s, 600.0)
 
     # -- observe -------------------------------------------------------------------
