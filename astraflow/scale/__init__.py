@@ -120,8 +120,8 @@ class Autoscaler:
                for t in obs.trainers):
             return {}
         now = time.time()
-        old = {pool.name: [w for w in self.backend.live(pool)
-                           if now - w.started > self.refuse_after(pool)]
+        old = {pool.name: [w for w in self.backend.live(pool)  # started 0: unknown, skip
+                           if w.started > 0 and now - w.started > self.refuse_after(pool)]
                for pool in self.pools if obs.pool(pool.name).starting}
         since = min((w.started for ws in old.values() for w in ws), default=None)
         if since is None:
