@@ -183,7 +183,9 @@ def resolve_policy(name: str, **params) -> ScalingPolicy:
         try:
             obj = getattr(importlib.import_module(mod), attr)
         except (ImportError, AttributeError) as err:
-            raise ValueError(f"cannot load scaling policy {name!r}: {err}") from None
+            raise ValueError(f"cannot load scaling policy {name!r}: {err} (is its module's "
+                             f"folder on PYTHONPATH? e.g. `PYTHONPATH=. astraflow scale …`)"
+                             ) from None
     else:
         try:
             obj = builtin.BUILTIN[name]

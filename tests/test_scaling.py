@@ -512,6 +512,66 @@ def test_a_launch_that_never_gives_a_row_is_a_refused_launch(tmp_path):
                 os.kill(int(w.handle), signal.SIGKILL)
 
 
+def test_the_readme_api_snippet_simulates_and_its_policy_scales(tmp_path, monkeypatch):
+    """Issue 13's point 4 as a user meets it: the README's Python block (a custom policy,
+    simulated on a scenario) runs as written, with a trace file of that name; saved as
+    mymodule.py, its policy is what `PYTHONPATH=. astraflow scale RUN --policy
+    mymodule:Greedy` (the README's command, through the installed console script) loads,
+    and an autoscaler under it launches a worker. Without PYTHONPATH the error says so."""
+    import contextlib
+    import io
+    import re
+    import shutil
+
+    from astraflow.policies import resolve_policy
+    from astraflow.scale import Autoscaler, local_pool
+    from astraflow.scale.backends import LocalBackend
+    from astraflow.stores import Progress
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Cost-aware scaling"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    [cmd] = [ln for ln in section.split("```bash", 1)[1].split("```", 1)[0].splitlines()
+             if "mymodule:Greedy" in ln]
+    assert cmd.startswith("PYTHONPATH=. astraflow scale ")
+    trace = re.search(r'load_trace\("([^"]+)"\)', code).group(1)
+    shutil.copy(FIX / "trace_small.json", tmp_path / trace)
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme_snippet"})
+    assert float(out.getvalue().strip()) > 0  # the rollout dollars of the simulated run
+    (tmp_path / "mymodule.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pol = resolve_policy("mymodule:Greedy")
+    ctx = _run_folder(tmp_path)
+    ctx.ledger().log("trainer", "solver", 0, {"trainer_wait_s": 3.0, "step_time_s": 1.0,
+                                              "rows_read": 16})
+    fake = (sys.executable, str(FIX / "fake_worker.py"))
+    pool = local_pool(max_workers=2)
+    try:
+        d = Autoscaler(ctx, pol, LocalBackend(ctx.run_dir, command=fake), [pool],
+                       window_s=60.0).tick()
+        assert d.targets == {"local": 1} and d.reason.startswith("wait ")
+        assert len(LocalBackend(ctx.run_dir).live(pool)) == 1
+    finally:
+        for w in LocalBackend(ctx.run_dir).live(pool):
+            os.kill(int(w.handle), signal.SIGKILL)
+    # The README's command, by the console script, on a run whose trainer is done: it
+    # loads the policy and stops at once ("every trainer reached stop.max_steps").
+    ctx.ledger().write_progress(Progress("solver", step=9, cursor=0, rows_consumed=0,
+                                         weight_version=1, time=time.time()))
+    exe = shutil.which("astraflow")
+    assert exe, "the astraflow console script is not installed"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    args = [exe, "scale", str(ctx.run_dir), "--policy", "mymodule:Greedy", "--minutes", "1"]
+    r = subprocess.run(args, cwd=tmp_path, env={**env, "PYTHONPATH": "."},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "every trainer reached stop.max_steps" in r.stdout, r.stderr
+    r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "PYTHONPATH=." in r.stdout + r.stderr
+
+
 def test_scale_cli_refuses_bad_arguments(tmp_path):
     from typer.testing import CliRunner
 
