@@ -123,6 +123,10 @@ class RolloutPoolSpec(_Placement):
     accelerator; empty: the task file's list (several clouds and regions)."""
     spot: bool = True
     """sky only: spot/preemptible VMs (Modal has no such choice)."""
+    cold_start_s: float = Field(120.0, gt=0, le=4 * 3600)
+    """Seconds from a worker's launch to its first row (VM, image, model load, first batch),
+    for `astraflow scale`: a scaling policy's lead time, and, times three (at least 600),
+    how long a launch may go without a row before it counts as refused."""
 
     @model_validator(mode="after")
     def _backend_fields(self) -> RolloutPoolSpec:

@@ -232,9 +232,10 @@ def test_cloud_pools_from_a_flow_and_a_price_csv():
     repo = Path(__file__).resolve().parents[1]
     data = yaml.safe_load((repo / "examples" / "cloud.yaml").read_text())
     data["launch"]["rollout"] = [{"name": "east", "backend": "sky", "workers": 1,
-                                  "accelerators": ["L4:1"],
+                                  "accelerators": ["L4:1"], "cold_start_s": 900,
                                   "infra": ["aws/us-east-1", "aws/us-west-2"]}]
     pools = cloud_pools(parse_flow(data), "sky", prices=FIX / "prices_small.csv")
+    assert {p.cold_start_s for p in pools} == {900.0}  # the flow's: lead time, refusal wait
     assert {(p.name, p.spot, round(p.price_per_hour, 4)) for p in pools} == {
         ("east-l4-us-east-1", True, 0.3653), ("east-l4-us-east-1-od", False, 0.8048),
         ("east-l4-us-west-2", True, 0.425), ("east-l4-us-west-2-od", False, 0.8048)}

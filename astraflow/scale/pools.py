@@ -48,5 +48,6 @@ def cloud_pools(flow, backend: str, *, prices: str | Path | None = None,
                     out.append(Pool(_slug(spec.name, name, region, "" if spot else "od"),
                                     backend=backend, cloud=cloud, region=region,
                                     accelerator=name, accelerator_count=count, spot=spot,
-                                    price_per_hour=min(vals), max_workers=max_workers))
+                                    price_per_hour=min(vals), max_workers=max_workers,
+                                    cold_start_s=spec.cold_start_s))
     return out
