@@ -89,17 +89,24 @@ class Autoscaler:
                             demand_rows_per_s=demand, steps_done=prog.step + 1 if prog else 0,
                             steps_target=flow.stop.max_steps)
 
-    def _rows_by_worker(self, now: float) -> dict[str, int]:
-        """Rows each worker appended in the window: the `worker_rows` metrics rows a rollout
-        worker logs with every batch (component `worker`, keyed by its id), so one
-        filtered read of the metrics table instead of a scan of every trajectory table's
-        worker column each tick."""
+    def _rows_by_worker(self, now: float, since: float | None = None) -> dict[str, int]:
+        """Rows each worker appended in the window (or since `since`): the `worker_rows`
+        metrics rows a rollout worker logs with every batch (component `worker`, keyed by
+        its id), so one filtered read of the metrics table instead of a scan of every
+        trajectory table's worker column each tick."""
         out: dict[str, int] = defaultdict(int)
-        for r in self.ctx.ledger().read_metrics(since=now - self.window_s,
+        start = now - self.window_s if since is None else since
+        for r in self.ctx.ledger().read_metrics(since=start,
                                                 names=["worker_rows"]).to_pylist():
             if r["component"] == "worker":  # keyed by the worker's id
                 out[r["policy"]] += int(r["value"])
         return out
+
+    @staticmethod
+    def _rows_of(rows: dict[str, int], worker_id: str) -> int:
+        """A worker's rows: they carry its id, or its id as a prefix (a sky job appends
+        its own)."""
+        return sum(n for k, n in rows.items() if k == worker_id or k.startswith(worker_id + "-"))
 
     def _refusals(self, now: float) -> dict[str, list[float]]:
         """When each pool's launches were refused in the last hour (`launch_refused` rows
@@ -126,16 +133,10 @@ class Autoscaler:
         since = min((w.started for ws in old.values() for w in ws), default=None)
         if since is None:
             return {}
-        ever: dict[str, int] = defaultdict(int)  # rows since the oldest one's launch
-        for r in self.ctx.ledger().read_metrics(since=since - 1.0,
-                                                names=["worker_rows"]).to_pylist():
-            if r["component"] == "worker":
-                ever[r["policy"]] += int(r["value"])
+        ever = self._rows_by_worker(now, since=since - 1.0)  # since the oldest one's launch
         out = {}
         for pool in self.pools:
-            stuck = [w for w in old.get(pool.name, [])
-                     if not any(n for k, n in ever.items()
-                                if k == w.worker_id or k.startswith(w.worker_id + "-"))]
+            stuck = [w for w in old.get(pool.name, []) if not self._rows_of(ever, w.worker_id)]
             if stuck:
                 log.warning("scale: %d launch(es) in %s gave no row in %.0f s: refused "
                             "(no capacity?), retired", len(stuck), pool.name,
@@ -157,10 +158,7 @@ class Autoscaler:
         states = []
         for pool in self.pools:
             live = self.backend.live(pool)
-            # A worker's rows carry its id, or its id as a prefix (a sky job appends its own).
-            mine = {w.worker_id: sum(n for k, n in rows.items()
-                                     if k == w.worker_id or k.startswith(w.worker_id + "-"))
-                    for w in live}
+            mine = {w.worker_id: self._rows_of(rows, w.worker_id) for w in live}
             productive = [w for w in live if mine[w.worker_id] > 0]
             span = [min(self.window_s, now - w.started) for w in productive]
             rate = (sum(mine[w.worker_id] for w in productive) / sum(span)
