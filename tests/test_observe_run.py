@@ -121,14 +121,23 @@ def test_dashboard_follows_a_live_run_in_a_real_browser(live_run, tmp_path):
         time.sleep(0.5)
     ctx = RunContext.open(run)
     # Hold the trainer (SIGSTOP) once it has stepped, so the page surely loads while the
-    # run still has steps to take, then let it go and watch the curve grow.
+    # run still has steps to take, then let it go and watch the curve grow. It runs in
+    # 0.2 s slices and its progress is read while it is held: reading progress on a
+    # loaded machine can take longer than the trainer needs for all 16 steps (seen: the
+    # page found 16 points), so it must not run on while the test looks.
     led = ctx.ledger()
     deadline = time.time() + 900
+    components = run / "components.json"
+    while not (components.exists() and "trainer-solver" in json.loads(components.read_text())):
+        assert launcher.poll() is None and time.time() < deadline, "no trainer started"
+        time.sleep(0.2)
+    trainer = json.loads(components.read_text())["trainer-solver"]["pid"]
+    os.kill(trainer, signal.SIGSTOP)
     while (prog := led.progress("solver")) is None or prog.step < 1:
         assert launcher.poll() is None and time.time() < deadline, "the trainer never stepped"
-        time.sleep(0.5)
-    trainer = json.loads((run / "components.json").read_text())["trainer-solver"]["pid"]
-    os.kill(trainer, signal.SIGSTOP)
+        os.kill(trainer, signal.SIGCONT)
+        time.sleep(0.2)
+        os.kill(trainer, signal.SIGSTOP)
     server = None
     try:
         server, thread, state, url = _serve(ctx)
