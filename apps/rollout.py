@@ -203,9 +203,9 @@ def run_worker(target: str, worker_id: str, minutes: float, region: str | None =
     if not 0 < minutes <= MAX_MINUTES:
         raise ValueError(f"minutes must be in (0, {MAX_MINUTES:g}] (the function's timeout is "
                          f"sized for that), got {minutes}")
-    from astraflow.flow import RolloutSpec
+    from astraflow.config.flow import RolloutSpec
+    from astraflow.context import RunContext
     from astraflow.rollout.worker import RolloutWorker
-    from astraflow.run import RunContext
 
     t0 = time.time()
     deadline = t0 + minutes * 60
@@ -309,7 +309,7 @@ class Rollout:
         `minutes` are spent generating. `.local()` runs this too."""
         import importlib.util
 
-        from astraflow.run import quiet_libraries, setup_logging
+        from astraflow.context import quiet_libraries, setup_logging
 
         setup_logging("modal-rollout")
         quiet_libraries()

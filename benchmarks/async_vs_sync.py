@@ -34,7 +34,7 @@ from pathlib import Path
 from common import metric_means, run_from_version0, steady_rates, time_to, version0
 from rich.console import Console
 
-from astraflow.run import RunContext, quiet_libraries
+from astraflow.context import RunContext, quiet_libraries
 
 #: Tool-using workloads and their example flows; their episodes wait on real tools.
 WORKLOADS = {"code": "examples/code.yaml", "search": "examples/search.yaml",

@@ -9,9 +9,9 @@ from typing import Any
 
 from rich.console import Console
 
-from astraflow.flow import load_flow
-from astraflow.local import prepare_run, run_local
-from astraflow.run import RESOLVED, RunContext
+from astraflow.config.flow import load_flow
+from astraflow.context import RESOLVED, RunContext
+from astraflow.local.launcher import prepare_run, run_local
 from astraflow.train.version0 import publish_version0
 
 

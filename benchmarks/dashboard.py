@@ -55,9 +55,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from astraflow.flow import parse_flow
-from astraflow.local import prepare_run, run_local
-from astraflow.run import RunContext
+from astraflow.config.flow import parse_flow
+from astraflow.context import RunContext
+from astraflow.local.launcher import prepare_run, run_local
 
 FLOW = {
     "name": "bench-dashboard",
@@ -89,7 +89,7 @@ class Window:
 
 def start_dashboard(run: Path, refresh_s: float, log: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "astraflow.cli", "dashboard", str(run), "--port", "0",
+        [sys.executable, "-m", "astraflow.cli.main", "dashboard", str(run), "--port", "0",
          "--refresh", str(refresh_s), "--audit-every", "0"],
         stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, start_new_session=True)
     line = proc.stdout.readline()  # "dashboard of … on http://127.0.0.1:PORT/ …"

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from astraflow.context import RunContext
 from astraflow.observe.dashboard import State
-from astraflow.run import RunContext
 from astraflow.stores import _lance
 
 TRAINER = ["reward_mean", "trainer_wait_s", "rows_read", "rows_used", "rows_dropped_stale",

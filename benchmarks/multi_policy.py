@@ -40,9 +40,9 @@ import yaml
 from common import run_from_version0, steady_rates, time_to, version0
 from rich.console import Console
 
-from astraflow.flow import load_flow
+from astraflow.config.flow import load_flow
+from astraflow.context import RunContext, quiet_libraries
 from astraflow.policies import cluster_sim
-from astraflow.run import RunContext, quiet_libraries
 
 
 def one_run(flow_path: str, root: Path, v0: dict[str, Path], name: str, overrides: dict[str, Any],

@@ -38,9 +38,9 @@ import yaml
 from common import metric_means
 from rich.console import Console
 
-from astraflow.flow import FlowSpec, load_flow
-from astraflow.run import quiet_libraries
-from astraflow.workload import make_env
+from astraflow.config.flow import FlowSpec, load_flow
+from astraflow.context import quiet_libraries
+from astraflow.workflows.workload import make_env
 
 
 def bare_loop(flow: FlowSpec, minutes: float, points: float, console: Console,
@@ -146,8 +146,8 @@ def bare_loop(flow: FlowSpec, minutes: float, points: float, console: Console,
 
 def astraflow_run(flow_path: str, minutes: float, points: float, console: Console,
                   sets: dict, live_eval: bool = False) -> dict:
-    from astraflow.evaluate import Evaluator
-    from astraflow.local import prepare_run, run_local
+    from astraflow.local.evaluate import Evaluator
+    from astraflow.local.launcher import prepare_run, run_local
 
     over = {"stop.max_minutes": minutes, "name": "bench-pretrained", **sets}
     if not live_eval:

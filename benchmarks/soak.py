@@ -34,8 +34,8 @@ from typing import get_args
 
 import numpy as np
 
-from astraflow.flow import load_flow
-from astraflow.local import prepare_run
+from astraflow.config.flow import load_flow
+from astraflow.local.launcher import prepare_run
 from astraflow.stores import LedgerEntry, Progress
 from astraflow.stores.trajectories import WriteMode
 
@@ -153,7 +153,7 @@ def main() -> None:
                 p.kill()
             p.wait()
     appends = sum(1 for _ in (run / "acks").open()) if (run / "acks").exists() else 0
-    a = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run), "--json"],
+    a = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "audit", str(run), "--json"],
                        capture_output=True, text=True, timeout=1200)
     rep = (json.loads(a.stdout).get("policies", {}).get(pol, {})
            if a.stdout.strip().startswith("{") else {})

@@ -7,7 +7,7 @@ import random
 import time
 from pathlib import Path
 
-from astraflow.run import RunContext
+from astraflow.context import RunContext
 
 
 def store_writer(run: str, policy: str, tag: str, rows: int, acks: str,

@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from astraflow.flow import parse_flow
-from astraflow.run import RESOLVED, RunContext
+from astraflow.config.flow import parse_flow
+from astraflow.context import RESOLVED, RunContext
 
 
 def seeded_run(run: Path, flow: dict[str, Any], policy_dir: Path, *,

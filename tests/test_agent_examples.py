@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from astraflow.config.flow import load_flow
 from astraflow.envs.base import Answer, parse_action
-from astraflow.flow import load_flow
 from astraflow.models.codec import load_codec
 from astraflow.models.tokenizer import CharCodec
-from astraflow.workload import make_workflow
+from astraflow.workflows.workload import make_workflow
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TINY = ["search.yaml", "code.yaml", "sql.yaml"]

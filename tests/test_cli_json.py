@@ -1,4 +1,4 @@
-"""Every command's `--json` output against its documented schema (astraflow/json_schemas.py).
+"""Every command's `--json` output against its documented schema (astraflow/cli/schemas.py).
 
 One seeded run (weights, rows, metrics as the components would leave them) serves all
 of them; the commands run through the real CLI entry point."""
@@ -11,10 +11,10 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
-from astraflow.cli import app
-from astraflow.flow import parse_flow
-from astraflow.json_schemas import AUDIT, EPISODE, EVAL, STATUS
-from astraflow.run import RESOLVED, RunContext
+from astraflow.cli.main import app
+from astraflow.cli.schemas import AUDIT, EPISODE, EVAL, STATUS
+from astraflow.config.flow import parse_flow
+from astraflow.context import RESOLVED, RunContext
 from tests.test_integration import FLOW
 from tests.test_observe import seed
 
@@ -81,7 +81,7 @@ def test_a_schema_rejects_a_changed_shape():
 def test_eval_survives_the_newest_version_being_pruned_while_it_starts(run_dir, monkeypatch):
     """A live run prunes old versions: one listed a moment ago may be gone when the
     evaluator loads it. The evaluator builds on version 0, which prune always keeps."""
-    from astraflow.evaluate import Evaluator
+    from astraflow.local.evaluate import Evaluator
     from astraflow.stores import WeightStore
 
     listed = WeightStore.versions

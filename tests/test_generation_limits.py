@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from astraflow.config.flow import FlowError, parse_flow
 from astraflow.envs.math import MathEnv, parse_answer
-from astraflow.flow import FlowError, parse_flow
 from astraflow.models.codec import HFCodec
 from astraflow.models.hf import load_policy
 from astraflow.models.tokenizer import CharCodec

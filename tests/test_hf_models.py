@@ -11,8 +11,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from astraflow.cli import app
-from astraflow.flow import ModelSpec
+from astraflow.cli.main import app
+from astraflow.config.flow import ModelSpec
 from astraflow.models.hf import (
     CARRIED_FILES,
     INDEX,

@@ -10,7 +10,7 @@ import pydantic
 import pytest
 import torch
 
-from astraflow.flow import AlgorithmSpec, FlowError, parse_flow
+from astraflow.config.flow import AlgorithmSpec, FlowError, parse_flow
 from astraflow.models.hf import load_policy
 from astraflow.train.dist import Ranks
 from astraflow.train.loss import Batch, LossConfig, StepSettings, optimize, policy_loss

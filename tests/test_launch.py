@@ -16,9 +16,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from astraflow.cli import app
-from astraflow.flow import FlowError, load_flow, parse_flow
-from astraflow.launch import LaunchError, build_sky_task, launch, plan
+from astraflow.cli.main import app
+from astraflow.cloud.launch import LaunchError, build_sky_task, launch, plan
+from astraflow.config.flow import FlowError, load_flow, parse_flow
 
 REPO = Path(__file__).resolve().parents[1]
 CLOUD = REPO / "examples" / "cloud.yaml"
@@ -43,11 +43,11 @@ def _two_policy_data() -> dict:
 
 
 def test_import_and_plan_are_light():
-    """`import astraflow.launch` and `plan()` load neither SkyPilot, Modal nor torch."""
+    """`import astraflow.cloud.launch` and `plan()` load neither SkyPilot, Modal nor torch."""
     import subprocess
     import sys
 
-    code = ("import sys; from astraflow.flow import load_flow; from astraflow.launch import plan; "
+    code = ("import sys; from astraflow.config.flow import load_flow; from astraflow.cloud.launch import plan; "
             f"plan(load_flow({str(CLOUD)!r})); "
             "print([m for m in ('sky', 'modal', 'torch', 'lancedb') if m in sys.modules])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -85,12 +85,12 @@ def test_plan_of_the_example():
 def _with_device(data: dict, device: str, monkeypatch) -> dict:
     """`trainer.device: DEVICE` in the flow where the trainer has that field (the
     distributed trainer's); before it, the one seam plan() reads it through."""
-    from astraflow.flow import TrainerSpec
+    from astraflow.config.flow import TrainerSpec
 
     if "device" in TrainerSpec.model_fields:
         data.setdefault("trainer", {})["device"] = device
     else:
-        monkeypatch.setattr("astraflow.launch.trainer_device", lambda flow: device)
+        monkeypatch.setattr("astraflow.cloud.launch.trainer_device", lambda flow: device)
     return data
 
 
@@ -176,7 +176,7 @@ def test_modal_limit_matches_the_app():
     without modal, so read its constant from the source)."""
     import re
 
-    from astraflow.launch import MODAL_CLASS, MODAL_MAX_MINUTES
+    from astraflow.cloud.launch import MODAL_CLASS, MODAL_MAX_MINUTES
 
     source = (REPO / "apps" / "rollout.py").read_text()
     assert float(re.search(r"^MAX_MINUTES = ([0-9.]+)", source, re.M).group(1)) == MODAL_MAX_MINUTES
@@ -302,7 +302,7 @@ def recorder(monkeypatch):
 
 def test_launch_publishes_then_starts_every_component(s3_env, moto_server, recorder,
                                                       tmp_path):
-    from astraflow.run import RunContext
+    from astraflow.context import RunContext
     from tests.s3server import TEST_SECRET_KEY
 
     data = _cloud_data()
@@ -375,7 +375,7 @@ def test_launch_refuses_before_starting_anything(s3_env, recorder, monkeypatch, 
     with pytest.raises(LaunchError, match="set AWS_SECRET_ACCESS_KEY"):
         launch(p, echo=lambda s: None)
     assert rec.calls == []
-    from astraflow.run import RunContext
+    from astraflow.context import RunContext
 
     with pytest.raises(FlowError):  # nothing was published
         RunContext.open(p.store, runs_root=tmp_path)
@@ -387,7 +387,7 @@ FIX = REPO / "tests" / "fixtures"
 def test_trainer_resources_follow_what_the_trainer_can_use(monkeypatch):
     """GPUs only when asked for (launch.trainer.accelerators, or trainer.device: cuda);
     never for a CPU trainer; a CPU VM otherwise."""
-    from astraflow.launch import trainer_resources
+    from astraflow.cloud.launch import trainer_resources
 
     def trainer(device: str, **launch_trainer) -> tuple[list[str], dict[str, str]]:
         data = _cloud_data()
@@ -437,8 +437,8 @@ def test_multi_node_trainer_plan_task_and_dry_run(monkeypatch):
     # The dry run shows nodes and GPUs and builds the 2-node task.
     data = _with_device(data, "cuda", monkeypatch)
     data["launch"]["trainer"] = {"accelerators": ["H100:8"], "nodes": 2}
-    monkeypatch.setattr("astraflow.cli._parse_sets", lambda sets: {})
-    monkeypatch.setattr("astraflow.flow.load_flow", lambda path, overrides=None: parse_flow(data))
+    monkeypatch.setattr("astraflow.cli.main._parse_sets", lambda sets: {})
+    monkeypatch.setattr("astraflow.config.flow.load_flow", lambda path, overrides=None: parse_flow(data))
     monkeypatch.setenv("ASTRAFLOW_SKY_CATALOG", str(FIX / "skycat_launch"))
     r = CliRunner().invoke(app, ["launch", str(CLOUD), "--dry-run"])
     assert r.exit_code == 0, r.output
@@ -483,7 +483,7 @@ def test_dry_run_prices_from_a_fixture_catalog(monkeypatch):
 _NO_SKY = """
 import sys
 sys.modules["sky"] = None  # `import sky` fails as if SkyPilot were not installed
-from astraflow.cli import app
+from astraflow.cli.main import app
 app(sys.argv[1:], prog_name="astraflow")
 """
 

@@ -23,13 +23,13 @@ def _imports(folder: Path) -> set[str]:
 
 def test_models_do_not_import_rollout_or_the_launcher():
     bad = {m for m in _imports(ROOT / "astraflow" / "models")
-           if m.startswith(("astraflow.rollout", "astraflow.local", "astraflow.train"))}
+           if m.startswith(("astraflow.rollout", "astraflow.local.launcher", "astraflow.train"))}
     assert not bad, f"astraflow/models imports {sorted(bad)}"
 
 
 def test_trainer_and_worker_do_not_import_the_launcher():
     code = ("import sys; import astraflow.train.trainer, astraflow.train.version0, "
-            "astraflow.rollout.worker, astraflow.evaluate; "
-            "print(sorted(m for m in sys.modules if m in ('astraflow.local', 'astraflow.supervise')))")
+            "astraflow.rollout.worker, astraflow.local.evaluate; "
+            "print(sorted(m for m in sys.modules if m in ('astraflow.local.launcher', 'astraflow.local.supervise')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

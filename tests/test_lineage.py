@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from astraflow.run import RunContext
+from astraflow.context import RunContext
 from astraflow.stores.weights import Manifest, WeightError
 from astraflow.train.lineage import Lineage
 from astraflow.train.trainer import Trainer

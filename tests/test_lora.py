@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 import torch
 
-from astraflow.flow import LoraSpec, parse_flow
+from astraflow.config.flow import LoraSpec, parse_flow
+from astraflow.context import RunContext
 from astraflow.models import lora
 from astraflow.models.codec import load_codec
 from astraflow.models.hf import carried_files, load_policy, save_policy
 from astraflow.rollout.engine import HFEngine
-from astraflow.run import RunContext
 from astraflow.stores.weights import MANIFEST
 from astraflow.train.trainer import Trainer
 from tests.hf_fixtures import smollm2_dir  # noqa: F401

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.flow import FlowError, parse_flow
-from astraflow.run import RunContext, publish_flow, replica_store
+from astraflow.config.flow import FlowError, parse_flow
+from astraflow.context import RunContext, publish_flow, replica_store
 from astraflow.stores import TamperedWeights, TrajectoryStore, WeightStore, check_ledger
 from astraflow.stores.mirror import Mirror, sync_replica
 from astraflow.stores.uri import S3Settings, redact
@@ -196,7 +196,7 @@ def test_cloud_style_run_with_a_worker_reading_a_replica(two_stores, servers, tm
     })
     publish_flow(flow)
     env = {**os.environ, "ASTRAFLOW_THREADS": "1"}
-    cmd = [sys.executable, "-m", "astraflow.cli"]
+    cmd = [sys.executable, "-m", "astraflow.cli.main"]
     logs = tmp_path / "logs"
     logs.mkdir()
     procs = {

@@ -28,8 +28,8 @@ from pathlib import Path
 import modal
 import pytest
 
-from astraflow.flow import parse_flow
-from astraflow.run import RESOLVED, RunContext
+from astraflow.config.flow import parse_flow
+from astraflow.context import RESOLVED, RunContext
 
 REPO = Path(__file__).resolve().parents[1]
 APP_FILE = REPO / "apps" / "rollout.py"
@@ -161,7 +161,7 @@ def test_image_source_is_what_pyproject_installs(app_mod, tmp_path):
     (wheel,) = (tmp_path / "dist").glob("astraflow-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for mod in ("astraflow/rollout/worker.py", "astraflow/stores/__init__.py",
-                "astraflow/policies/__init__.py", "astraflow/cli.py"):
+                "astraflow/policies/__init__.py", "astraflow/cli/main.py"):
         assert mod in names, mod
 
 

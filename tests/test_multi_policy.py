@@ -13,12 +13,12 @@ from collections import defaultdict
 
 import pytest
 
+from astraflow.config.flow import FlowError, parse_flow
+from astraflow.context import RESOLVED, RunContext
 from astraflow.envs.math import MathEnv
-from astraflow.flow import FlowError, parse_flow
+from astraflow.local.sync import run_sync
 from astraflow.models.tokenizer import CharCodec
 from astraflow.rollout.worker import RolloutWorker
-from astraflow.run import RESOLVED, RunContext
-from astraflow.sync import run_sync
 from astraflow.train.trainer import Trainer
 from astraflow.workflows.solver_verifier import agree
 
@@ -242,7 +242,7 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
     assert summary["restarts"] == {"trainer-solver": 0, "trainer-verifier": 1, "rollout-w0": 0}
     assert set(summary["policies"]) == {"solver", "verifier"}
     assert summary["policies"]["verifier"]["metric"] == "judgement accuracy"
-    audit = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run), "--json"],
+    audit = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "audit", str(run), "--json"],
                            capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     counts = json.loads(audit.stdout)["policies"]

@@ -16,11 +16,11 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
-from astraflow.cli import app
-from astraflow.flow import parse_flow
+from astraflow.cli.main import app
+from astraflow.config.flow import parse_flow
+from astraflow.context import RESOLVED, RunContext, publish_flow
 from astraflow.observe.sinks import MAX_FAILURES, Follower, Point
 from astraflow.observe.view import RunView
-from astraflow.run import RESOLVED, RunContext, publish_flow
 from astraflow.stores import _lance
 from astraflow.stores.schema import TRAJECTORY_SCHEMA
 from tests.test_integration import FLOW

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def test_progress_line_shows_step_of_max_eta_and_the_version_of_the_held_out_figure():
-    from astraflow.local import LEGEND, progress_line
+    from astraflow.local.launcher import LEGEND, progress_line
 
     m = {"step": 9, "weight_version": 7, "reward_mean": 0.5, "rows_read": 256,
          "step_time_s": 0.5, "trainer_wait_s": 0.5, "staleness_mean": 1.0}

@@ -6,14 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from astraflow.flow import FlowSpec
-from astraflow.reference import flow_reference, sections, undocumented
+from astraflow.config.flow import FlowSpec
+from astraflow.config.reference import flow_reference, sections, undocumented
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_field_is_described():
-    assert undocumented(FlowSpec) == [], "give these fields a docstring (astraflow/flow.py, cloud.py)"
+    assert undocumented(FlowSpec) == [], "give these fields a docstring (astraflow/config/flow.py, cloud.py)"
 
 
 def test_every_section_and_field_is_in_the_reference():
@@ -25,7 +25,7 @@ def test_every_section_and_field_is_in_the_reference():
 
 
 def test_docs_flow_md_is_current():
-    out = subprocess.run([sys.executable, "-m", "astraflow.cli", "flow-reference"],
+    out = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "flow-reference"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
     committed = (ROOT / "docs" / "flow.md").read_text()
     assert out == committed, "docs/flow.md is stale: run `astraflow flow-reference > docs/flow.md`"
@@ -34,7 +34,7 @@ def test_docs_flow_md_is_current():
 def test_a_field_without_docstring_is_caught():
     from pydantic import BaseModel
 
-    from astraflow._spec import Spec
+    from astraflow.config.spec import Spec
 
     class Child(Spec):
         documented: int = 1

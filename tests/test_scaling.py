@@ -226,7 +226,7 @@ def test_sky_backend_launches_pinned_jobs_lists_and_cancels(monkeypatch, tmp_pat
 
 
 def test_cloud_pools_from_a_flow_and_a_price_csv():
-    from astraflow.flow import parse_flow
+    from astraflow.config.flow import parse_flow
     from astraflow.scale.pools import cloud_pools
 
     repo = Path(__file__).resolve().parents[1]
@@ -264,7 +264,7 @@ FLOW = {
 
 
 def _scale_rows(run_dir: Path) -> list[dict]:
-    from astraflow.run import RunContext
+    from astraflow.context import RunContext
 
     rows = RunContext.open(run_dir).ledger().read_metrics(since=0.0).to_pylist()
     return sorted((r for r in rows if r["component"] == "scale"), key=lambda r: r["time"])
@@ -273,7 +273,7 @@ def _scale_rows(run_dir: Path) -> list[dict]:
 def _start_scaler(run_dir: Path, log: Path) -> subprocess.Popen:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "astraflow.cli", "scale", str(run_dir), "--policy", "deadband",
+            [sys.executable, "-m", "astraflow.cli.main", "scale", str(run_dir), "--policy", "deadband",
              "--param", "high=0.3", "--param", "low=0.1", "--param", "min_workers=0",
              "--max-workers", "2", "--interval", "2", "--window", "8", "--worker-minutes", "5"],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -285,7 +285,7 @@ def test_autoscaler_grows_and_shrinks_a_real_local_run(tmp_path):
     flow.write_text(yaml.safe_dump(FLOW))
     run_dir = tmp_path / "runs" / "scaled"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "astraflow.cli", "run", str(flow), "--runs", str(tmp_path / "runs")],
+        [sys.executable, "-m", "astraflow.cli.main", "run", str(flow), "--runs", str(tmp_path / "runs")],
         stdout=(tmp_path / "run.log").open("wb"), stderr=subprocess.STDOUT,
         start_new_session=True)
     scaler = None
@@ -366,11 +366,11 @@ def test_autoscaler_grows_and_shrinks_a_real_local_run(tmp_path):
         launcher.send_signal(signal.SIGTERM)  # stop the run: evaluate, summary
         launcher.wait(240)
     # Nothing lost, nothing twice, with workers added and retired mid-run.
-    r = subprocess.run([sys.executable, "-m", "astraflow.cli", "audit", str(run_dir)],
+    r = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "audit", str(run_dir)],
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     # The autoscaled workers' rows are in the table, and the plot is drawn from the metrics.
-    from astraflow.run import RunContext
+    from astraflow.context import RunContext
     from astraflow.scale import plot_scale
     from astraflow.stores import _lance
 
@@ -383,8 +383,8 @@ def test_autoscaler_grows_and_shrinks_a_real_local_run(tmp_path):
 
 
 def _run_folder(tmp_path: Path):
-    from astraflow.flow import parse_flow
-    from astraflow.local import prepare_run
+    from astraflow.config.flow import parse_flow
+    from astraflow.local.launcher import prepare_run
 
     return prepare_run(parse_flow({**FLOW, "stop": {**FLOW["stop"], "max_steps": 10}}),
                        tmp_path / "runs")
@@ -576,7 +576,7 @@ def test_the_readme_api_snippet_simulates_and_its_policy_scales(tmp_path, monkey
 def test_scale_cli_refuses_bad_arguments(tmp_path):
     from typer.testing import CliRunner
 
-    from astraflow.cli import app
+    from astraflow.cli.main import app
 
     ctx = _run_folder(tmp_path)
     r = CliRunner().invoke(app, ["scale", str(ctx.run_dir), "--backend", "nope"])

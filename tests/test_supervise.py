@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from astraflow.supervise import Component, Supervisor
+from astraflow.local.supervise import Component, Supervisor
 
 
 def test_crash_loop_backs_off_then_stops_the_run(tmp_path):

@@ -16,14 +16,14 @@ from collections import Counter
 
 import pytest
 
+from astraflow.config.flow import parse_flow
 from astraflow.envs import build_env, resolve_env
 from astraflow.envs.base import Limits, Task, ToolResult
 from astraflow.envs.search import RELATIONS, SearchEnv
-from astraflow.flow import parse_flow
 from astraflow.models.tokenizer import CharCodec
 from astraflow.rollout.engine import Generation
 from astraflow.workflows.tool_agent import ToolAgent
-from astraflow.workload import make_env, make_workflow
+from astraflow.workflows.workload import make_env, make_workflow
 
 CODEC = CharCodec.default("ascii")
 RELATIONS_TEXT = {r: fact for r, (_, fact) in RELATIONS.items()}
@@ -393,7 +393,7 @@ def search_policy_dir(tmp_path):
     not rest on one fixed step count being enough on every machine's float order."""
     import torch
 
-    from astraflow.flow import WarmStartSpec
+    from astraflow.config.flow import WarmStartSpec
     from astraflow.models.factory import save_policy, tiny_llama
     from astraflow.models.tokenizer import build_char_tokenizer
     from astraflow.rollout.engine import HFEngine

@@ -8,8 +8,8 @@ import shutil
 import pytest
 import torch
 
-from astraflow.flow import AlgorithmSpec
-from astraflow.run import RunContext
+from astraflow.config.flow import AlgorithmSpec
+from astraflow.context import RunContext
 from astraflow.train.dist import compute_dtype, resolve_device
 from astraflow.train.trainer import Trainer, lr_schedule
 from tests.runs import seeded_run

@@ -167,8 +167,8 @@ def worker_check(work: Path, out: dict) -> None:
     """`astraflow rollout RUN --max-batches 2` with rollout.engine: vllm."""
     import shutil
 
-    from astraflow.flow import parse_flow
-    from astraflow.run import RESOLVED, RunContext
+    from astraflow.config.flow import parse_flow
+    from astraflow.context import RESOLVED, RunContext
 
     flow = parse_flow({
         "name": "vw", "policies": [{"name": "solver"}],  # the default tiny model (head size 32)
@@ -186,7 +186,7 @@ def worker_check(work: Path, out: dict) -> None:
         shutil.copy(f, st)
     ws.publish("solver", st, step=0)
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "astraflow.cli", "rollout", str(run),
+    r = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "rollout", str(run),
                         "--max-batches", "2"], capture_output=True, text=True, timeout=600)
     out["worker_s"] = time.time() - t0
     out["worker_rc"] = r.returncode

@@ -31,7 +31,7 @@ import torch
 from safetensors import safe_open
 
 if TYPE_CHECKING:
-    from astraflow.flow import LoraSpec
+    from astraflow.config.flow import LoraSpec
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

@@ -11,7 +11,7 @@
     page holds SEQ      ──► {"seq", "unchanged": true}            (a few bytes)
     page holds SEQ - k  ──► the points added since, to append      (Plotly.extendTraces)
     a new page          ──► every curve, to draw                   (Plotly.react)
-    audit thread ──every audit_every_s──► astraflow.audit (its own cadence: it
+    audit thread ──every audit_every_s──► astraflow.observe.audit (its own cadence: it
                    while pages poll       verifies every weight version's sha256)
 
 Any number of open pages share one refresh per `refresh_s`, and a page nobody
@@ -37,9 +37,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from astraflow.context import RunContext
 from astraflow.observe.status import policy_summary
 from astraflow.observe.view import RunView
-from astraflow.run import RunContext
 
 log = logging.getLogger("astraflow.observe")
 STATIC = Path(__file__).parent / "static"
@@ -238,7 +238,7 @@ class State:
                 "audit": self.audit, "components": v.components}
 
     def run_audit(self) -> None:
-        from astraflow.audit import audit
+        from astraflow.observe.audit import audit
 
         try:
             reports = audit(self.ctx)

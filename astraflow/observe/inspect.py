@@ -21,7 +21,7 @@ from rich.console import Group
 from rich.panel import Panel
 from rich.text import Text
 
-from astraflow.run import RunContext
+from astraflow.context import RunContext
 from astraflow.stores import _lance
 from astraflow.stores.trajectories import table_name
 

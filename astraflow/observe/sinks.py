@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from astraflow.run import RunContext
+from astraflow.context import RunContext
 from astraflow.stores import _lance
 
 log = logging.getLogger("astraflow.observe")

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from astraflow.run import RunContext
+from astraflow.context import RunContext
 from astraflow.stores import _lance
 from astraflow.stores.ledger import METRICS_SCHEMA, Ledger, Progress
 from astraflow.stores.trajectories import ARCHIVED_VERSION

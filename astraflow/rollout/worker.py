@@ -41,13 +41,13 @@ from pathlib import Path
 
 import torch
 
+from astraflow.context import RunContext
 from astraflow.models.codec import Codec
 from astraflow.rollout.engine import Engine, Generation, generate_with_stops, make_engine
 from astraflow.rollout.sampler import TaskSampler
-from astraflow.run import RunContext
 from astraflow.stores import Progress, TamperedWeights, WeightError
 from astraflow.workflows import Workflow
-from astraflow.workload import make_env, make_workflow
+from astraflow.workflows.workload import make_env, make_workflow
 
 log = logging.getLogger("astraflow.rollout")
 

@@ -44,7 +44,7 @@ COMPONENT = "scale"  # metrics rows: component "scale", policy = the pool's name
 
 @dataclass
 class Autoscaler:
-    ctx: object  # astraflow.run.RunContext
+    ctx: object  # astraflow.context.RunContext
     policy: ScalingPolicy
     backend: Backend
     pools: list[Pool]

@@ -84,7 +84,7 @@ class LocalBackend:
         self._children: dict[int, subprocess.Popen] = {}  # ours: reaped, so no zombies
 
     def _alive(self, pid: int) -> bool:
-        from astraflow.supervise import _is_component
+        from astraflow.local.supervise import _is_component
 
         child = self._children.get(pid)
         if child is not None:
@@ -109,7 +109,7 @@ class LocalBackend:
         env.pop("ASTRAFLOW_LAUNCHER_PID", None)  # not tied to the autoscaler's life
         with (logs / f"rollout-{worker_id}.log").open("ab") as out:
             proc = subprocess.Popen(
-                [*self.command, "-m", "astraflow.cli", "rollout", str(self.run_dir),
+                [*self.command, "-m", "astraflow.cli.main", "rollout", str(self.run_dir),
                  "--worker-id", worker_id, "--minutes", str(self.minutes)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True)
@@ -147,7 +147,7 @@ class ModalBackend:
     def _cls(self, pool: Pool):
         import modal
 
-        from astraflow.launch import MODAL_CLASS
+        from astraflow.cloud.launch import MODAL_CLASS
 
         cls = modal.Cls.from_name(self.app, MODAL_CLASS)
         return cls.with_options(gpu=pool.accelerator) if pool.accelerator else cls
@@ -204,7 +204,7 @@ class SkyBackend:
         self.env = dict(os.environ if environ is None else environ)
 
     def _prefix(self, pool: Pool) -> str:
-        from astraflow.launch import _job_name
+        from astraflow.cloud.launch import _job_name
 
         return _job_name(self.flow_name, pool.name) + "-"
 
@@ -232,7 +232,7 @@ class SkyBackend:
         return sorted(out, key=lambda w: w.started)
 
     def job(self, pool: Pool, worker_id: str):
-        from astraflow.launch import OPTIONAL_SECRETS, REQUIRED_SECRETS, ROLLOUT_TASK, SkyJob
+        from astraflow.cloud.launch import OPTIONAL_SECRETS, REQUIRED_SECRETS, ROLLOUT_TASK, SkyJob
 
         acc = f"{pool.accelerator}:{pool.accelerator_count}" if pool.accelerator else None
         infra = "/".join(x for x in (pool.cloud, pool.region) if x)
@@ -255,7 +255,7 @@ class SkyBackend:
 
     def launch(self, pool: Pool, worker_id: str) -> Worker:
         import sky
-        from astraflow.launch import build_sky_task
+        from astraflow.cloud.launch import build_sky_task
 
         job = self.job(pool, worker_id)
         task = build_sky_task(job, secrets={n: self.env[n] for n in job.secrets

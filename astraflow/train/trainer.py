@@ -58,10 +58,10 @@ import numpy as np
 import torch
 
 from astraflow import testing
+from astraflow.context import RunContext
 from astraflow.data.stages import StageContext, run_stages
 from astraflow.models.codec import load_codec
 from astraflow.models.hf import carried_files, load_policy, save_policy
-from astraflow.run import RunContext
 from astraflow.stores import LedgerEntry, Progress, Slice, replay
 from astraflow.stores.mirror import Mirror
 from astraflow.stores.weights import Manifest

@@ -20,14 +20,14 @@ from typing import Any
 
 from rich.console import Console
 
-from astraflow.flow import ModelSpec
+from astraflow.config.flow import ModelSpec
+from astraflow.context import RunContext
 from astraflow.models.codec import load_codec
 from astraflow.models.hf import build_model, carried_files, load_weights_into, save_policy
 from astraflow.models.hf import source_files as model_source_files
-from astraflow.run import RunContext
 from astraflow.stores import WeightError
 from astraflow.train.warm_start import warm_start
-from astraflow.workload import make_workflow
+from astraflow.workflows.workload import make_workflow
 
 
 def ensure_imported(spec: ModelSpec, console: Console) -> None:

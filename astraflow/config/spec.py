@@ -1,4 +1,4 @@
-"""What every model of a flow file shares (astraflow.flow, astraflow.cloud)."""
+"""What every model of a flow file shares (astraflow.config.flow, astraflow.config.cloud)."""
 
 from __future__ import annotations
 

@@ -9,11 +9,11 @@ launcher code.
 
 from __future__ import annotations
 
+from astraflow.context import RunContext
 from astraflow.rollout.engine import HFEngine
-from astraflow.run import RunContext
 from astraflow.stores import WeightError
 from astraflow.workflows import EvalItem, Workflow
-from astraflow.workload import make_workflow
+from astraflow.workflows.workload import make_workflow
 
 
 class Evaluator:

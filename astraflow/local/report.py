@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from astraflow.run import RunContext
+from astraflow.context import RunContext
 
 
 def ledger_totals(ctx: RunContext, policy: str | None = None) -> dict[str, int]:

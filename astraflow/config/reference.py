@@ -1,9 +1,9 @@
 """The flow file's reference, generated from the pydantic models themselves.
 
 Why generated: a hand-written reference drifts the day a field is added. Every
-field of a flow (astraflow.flow.FlowSpec, with its `launch:` section from
-astraflow.cloud) carries a docstring, which pydantic reads as the field's
-description (`use_attribute_docstrings` in astraflow._spec); this module walks
+field of a flow (astraflow.config.flow.FlowSpec, with its `launch:` section from
+astraflow.config.cloud) carries a docstring, which pydantic reads as the field's
+description (`use_attribute_docstrings` in astraflow.config.spec); this module walks
 the models and writes one Markdown table per section. `docs/flow.md` is its
 output, and a test fails when that file is stale or a field has no description.
 """
@@ -60,7 +60,7 @@ def sections(root: type[BaseModel]) -> list[tuple[str, type[BaseModel]]]:
 def _type(annotation: Any) -> str:
     text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
     return (text.replace("typing.", "").replace("NoneType", "None")
-            .replace("astraflow.flow.", "").replace("astraflow.cloud.", ""))
+            .replace("astraflow.config.flow.", "").replace("astraflow.config.cloud.", ""))
 
 
 def _default(field: FieldInfo) -> str:
@@ -85,7 +85,7 @@ def undocumented(root: type[BaseModel]) -> list[str]:
 
 
 def flow_reference() -> str:
-    from astraflow.flow import FlowSpec
+    from astraflow.config.flow import FlowSpec
 
     parts = [HEADER]
     for path, model in sections(FlowSpec):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from astraflow.policies.prices import Catalog, PriceRow
 
 if TYPE_CHECKING:
-    from astraflow.launch import LaunchPlan, SkyJob
+    from astraflow.cloud.launch import LaunchPlan, SkyJob
 
 
 @dataclass(frozen=True)

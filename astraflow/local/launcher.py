@@ -25,16 +25,16 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from astraflow.evaluate import Evaluator
-from astraflow.flow import FlowError, FlowSpec
+from astraflow.config.flow import FlowError, FlowSpec
+from astraflow.context import RESOLVED, RunContext
+from astraflow.local.evaluate import Evaluator
+from astraflow.local.report import ledger_totals, plot, write_summary
+from astraflow.local.supervise import Component, Supervisor
 from astraflow.observe.sinks import launcher_follower
-from astraflow.report import ledger_totals, plot, write_summary
-from astraflow.run import RESOLVED, RunContext
 from astraflow.stores import Ledger, WeightError
-from astraflow.supervise import Component, Supervisor
 from astraflow.train.version0 import publish_version0
 
-log = logging.getLogger("astraflow.local")
+log = logging.getLogger("astraflow.local.launcher")
 
 
 def prepare_run(flow: FlowSpec, runs_root: Path, *, overwrite: bool = False) -> RunContext:

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-log = logging.getLogger("astraflow.supervise")
+log = logging.getLogger("astraflow.local.supervise")
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Component:
     log_path: Path
     restart: bool = True
     launcher: list[str] = field(default_factory=list)
-    """Python arguments before `-m astraflow.cli`: e.g. `-m torch.distributed.run
+    """Python arguments before `-m astraflow.cli.main`: e.g. `-m torch.distributed.run
     --standalone --nproc-per-node 2` for a multi-rank trainer, which torchrun runs as
     one process tree (any rank dying ends it) and so is supervised as one component."""
     proc: subprocess.Popen | ForkedProc | None = None
@@ -60,7 +60,7 @@ class Component:
     def start(self, zygote: Zygote | None = None) -> None:
         """Fork from the warm zygote when it is ready, else start a fresh process."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        # The zygote forks `astraflow.cli` itself; a launcher prefix needs a fresh process.
+        # The zygote forks `astraflow.cli.main` itself; a launcher prefix needs a fresh process.
         self.proc = zygote.fork(self) if zygote is not None and not self.launcher else None
         if self.proc is None:
             self.proc = _spawn(self.argv, self.env(), self.log_path, launcher=self.launcher)
@@ -75,7 +75,7 @@ def _spawn(argv: list[str], env: dict[str, str], log_path: Path,
            stdin: int | None = None, stdout: int | None = None,
            launcher: list[str] | None = None) -> subprocess.Popen:
     with log_path.open("ab") as out:
-        return subprocess.Popen([sys.executable, *(launcher or []), "-m", "astraflow.cli", *argv],
+        return subprocess.Popen([sys.executable, *(launcher or []), "-m", "astraflow.cli.main", *argv],
                                 stdout=out if stdout is None else stdout,
                                 stderr=out if stdout is not None else subprocess.STDOUT,
                                 stdin=stdin, env={**os.environ, **env}, start_new_session=True)

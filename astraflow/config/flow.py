@@ -17,8 +17,8 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from astraflow._spec import Spec, unique
-from astraflow.cloud import LaunchSpec
+from astraflow.config.cloud import LaunchSpec
+from astraflow.config.spec import Spec, unique
 
 
 class FlowError(ValueError):
@@ -566,7 +566,7 @@ class FlowSpec(Spec):
     """Where trajectories, weights, ledger and checkpoints live."""
     launch: LaunchSpec | None = None
     """Cloud placement for `astraflow launch` (trainers and rollout pools; see
-    astraflow.cloud); needs an s3:// `store.uri`. Ignored by `astraflow run`."""
+    astraflow.config.cloud); needs an s3:// `store.uri`. Ignored by `astraflow run`."""
 
     @model_validator(mode="before")
     @classmethod

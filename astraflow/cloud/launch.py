@@ -11,7 +11,7 @@ the components, which never talk to each other or to this process again.
     launch(p)                                    # publish the flow, start everything
 
 SkyPilot and Modal are imported only inside the functions that call them, so
-`import astraflow.launch` stays cheap and `plan()` works without either.
+`import astraflow.cloud.launch` stays cheap and `plan()` works without either.
 Credentials never enter a plan: the task files declare them as SkyPilot secrets
 (names only) and `launch` passes their values from this process's environment.
 """
@@ -29,19 +29,19 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from astraflow.cloud import (
+from astraflow.config.cloud import (
     DEFAULT_TRAINER_CPUS,
     DEFAULT_TRAINER_GPUS,
     RolloutPoolSpec,
     TrainerLaunchSpec,
 )
-from astraflow.flow import FlowSpec
+from astraflow.config.flow import FlowSpec
 
 if TYPE_CHECKING:
     from astraflow.policies.prices import Catalog
 
 #: The SkyPilot task files (a checkout's `sky/`; `workdir` uploads that checkout).
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SKY_DIR = REPO / "sky"
 TRAIN_TASK = SKY_DIR / "train.sky.yaml"
 ROLLOUT_TASK = SKY_DIR / "rollout.sky.yaml"
@@ -158,8 +158,8 @@ class LaunchPlan:
 
     def describe(self, catalog: Catalog | None = None, *, no_prices: str = "") -> str:
         """The plan as text; with a price `catalog`, an hourly estimate per job and in all
-        (astraflow.costs); without one, `no_prices` says why there is none."""
-        from astraflow.costs import price_plan
+        (astraflow.cloud.costs); without one, `no_prices` says why there is none."""
+        from astraflow.cloud.costs import price_plan
 
         prices = price_plan(self, catalog) if catalog is not None else {}
 
@@ -427,7 +427,7 @@ def launch(p: LaunchPlan, *, dry_run: bool = False, overwrite: bool = False,
                           f"policy must never share a store. Cancel first (sky jobs cancel -n "
                           f"{twice[0]}) or launch only pools")
 
-    from astraflow.run import publish_flow
+    from astraflow.context import publish_flow
 
     done = [Launched("publish", "flow.resolved.yaml",
                      (publish_flow(p.published_flow(), overwrite=overwrite),))]

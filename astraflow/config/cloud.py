@@ -1,8 +1,8 @@
 """The `launch:` section of a flow: where its trainers and rollout worker pools run.
 
-`astraflow launch FLOW` (astraflow.launch) turns this into SkyPilot managed jobs
+`astraflow launch FLOW` (astraflow.cloud.launch) turns this into SkyPilot managed jobs
 (`sky/train.sky.yaml`, `sky/rollout.sky.yaml`) and Modal calls. Plain pydantic
-models, in the style of astraflow.flow: nothing here imports SkyPilot or Modal,
+models, in the style of astraflow.config.flow: nothing here imports SkyPilot or Modal,
 so a flow file validates on any machine.
 
 Accelerators are SkyPilot strings, `NAME:COUNT` (`H100:1`, `A100-80GB:1`, `L4:1`);
@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from astraflow._spec import Spec, unique
+from astraflow.config.spec import Spec, unique
 
 _ACCELERATOR = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*(:\d+(\.\d+)?)?$"
 _INFRA = r"^[A-Za-z0-9*][A-Za-z0-9*_.:-]*(/[A-Za-z0-9*][A-Za-z0-9*_.:-]*){0,2}$"

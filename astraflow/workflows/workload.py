@@ -15,7 +15,7 @@ from astraflow.envs.base import Env
 from astraflow.workflows import Workflow, resolve_workflow
 
 if TYPE_CHECKING:
-    from astraflow.flow import FlowSpec
+    from astraflow.config.flow import FlowSpec
     from astraflow.models.codec import Codec
 
 

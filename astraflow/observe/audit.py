@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from astraflow.run import RunContext
+from astraflow.context import RunContext
 from astraflow.stores import CheckpointError, WeightError, check_ledger, replay
 from astraflow.stores._lance import CREATED_AT_VERSION
 

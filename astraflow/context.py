@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from astraflow.flow import FlowError, FlowSpec, ReplicaSpec, load_flow, parse_flow
+from astraflow.config.flow import FlowError, FlowSpec, ReplicaSpec, load_flow, parse_flow
 from astraflow.stores import CheckpointStore, Ledger, ObjectStore, TrajectoryStore, WeightStore
 from astraflow.stores.trajectories import WriteMode
 from astraflow.stores.uri import S3Settings, is_remote, redact

@@ -44,7 +44,7 @@ def run(
     set_: Annotated[list[str], typer.Option("--set", help="override a field: stop.max_steps=50")] = [],  # noqa: B006
 ) -> None:
     """Run a whole flow on this machine: warm start, workers, trainer, evaluation."""
-    from astraflow.flow import FlowError, load_flow
+    from astraflow.config.flow import FlowError, load_flow
 
     overrides = _parse_sets(set_)
     if mode is not None:
@@ -54,8 +54,8 @@ def run(
     except FlowError as err:
         _fail(str(err))
     _check_engine(spec.rollout.engine)
-    from astraflow.local import prepare_run, run_local
-    from astraflow.run import quiet_libraries, setup_logging
+    from astraflow.context import quiet_libraries, setup_logging
+    from astraflow.local.launcher import prepare_run, run_local
 
     setup_logging("launcher")
     quiet_libraries()
@@ -73,7 +73,7 @@ def check(
 ) -> None:
     """Validate a flow without running anything; print the resolved flow (YAML, every
     default filled in). Exit 0 when valid; exit 2 naming each broken field's path."""
-    from astraflow.flow import FlowError, load_flow
+    from astraflow.config.flow import FlowError, load_flow
 
     try:
         spec = load_flow(flow, _parse_sets(set_))
@@ -133,7 +133,7 @@ def train(
         _fail(f"no policy {policy!r} in this flow (policies: {', '.join(names)})")
     stop = _stop_flag()
     if sync:
-        from astraflow.sync import run_sync
+        from astraflow.local.sync import run_sync
 
         run_sync(ctx, should_stop=stop)
     else:
@@ -168,7 +168,7 @@ def eval_(
     """Greedy held-out metric of a published weight version (accuracy for a solver,
     judgement accuracy for a verifier), one line per policy."""
     ctx = _open(run_dir, "eval", quiet=as_json)
-    from astraflow.evaluate import Evaluator
+    from astraflow.local.evaluate import Evaluator
 
     names = ctx.flow.policy_names()
     if policy is not None and policy not in names:
@@ -343,7 +343,7 @@ def audit(
     Exits 1 on any violation (duplicated or silently lost rows, overlapping
     steps, non-monotonic or unverifiable weight versions, damaged checkpoints)."""
     ctx = _open(run_dir, "audit", quiet=True)
-    from astraflow.audit import audit as run_audit
+    from astraflow.observe.audit import audit as run_audit
 
     reports = run_audit(ctx)
     if as_json:
@@ -377,8 +377,8 @@ def launch(
 ) -> None:
     """Run a flow on the cloud: publish it to its bucket, then one SkyPilot managed job per
     policy's trainer and the rollout pools (SkyPilot spot jobs, Modal calls)."""
-    import astraflow.launch as cloud_launch
-    from astraflow.flow import FlowError, load_flow
+    import astraflow.cloud.launch as cloud_launch
+    from astraflow.config.flow import FlowError, load_flow
     from astraflow.policies.prices import load_prices
 
     try:
@@ -416,7 +416,7 @@ def stop(
 ) -> None:
     """Tear down a cloud run: cancel its SkyPilot managed jobs and its Modal calls (the
     store, its checkpoints and the deployed Modal app stay; launch again to resume)."""
-    import astraflow.launch as cloud_launch
+    import astraflow.cloud.launch as cloud_launch
 
     try:
         cloud_launch.stop(store, dry_run=dry_run, echo=typer.echo)
@@ -455,7 +455,7 @@ def scale(
     it at will). Stops once every trainer reached stop.max_steps, retiring its workers."""
     import logging
 
-    from astraflow.run import quiet_libraries, setup_logging
+    from astraflow.context import quiet_libraries, setup_logging
 
     target = _scale_target(target, runs)
     ctx = _open(target, "scale", quiet=True)
@@ -491,7 +491,7 @@ def scale(
 def _scale_target(target: str, runs: Path) -> str:
     """A flow YAML names its run: its store.uri when remote, else runs/<name>/."""
     if target.endswith((".yaml", ".yml")) and Path(target).is_file():
-        from astraflow.flow import FlowError, load_flow
+        from astraflow.config.flow import FlowError, load_flow
         from astraflow.stores.uri import is_remote
 
         try:
@@ -580,7 +580,7 @@ def zygote(
 def flow_reference() -> None:
     """Print the flow file reference (every field, its type, default and meaning) as
     Markdown; `docs/flow.md` is this output."""
-    from astraflow.reference import flow_reference as reference
+    from astraflow.config.reference import flow_reference as reference
 
     typer.echo(reference(), nl=False)
 
@@ -647,8 +647,8 @@ def _check_engine(kind: str) -> None:
 def _open(run_dir: str, component: str, quiet: bool = False):
     import os
 
-    from astraflow.flow import FlowError
-    from astraflow.run import RESOLVED, RunContext, quiet_libraries, setup_logging
+    from astraflow.config.flow import FlowError
+    from astraflow.context import RESOLVED, RunContext, quiet_libraries, setup_logging
     from astraflow.stores.uri import is_remote
 
     if not is_remote(run_dir) and not (Path(run_dir) / RESOLVED).exists():
@@ -679,7 +679,7 @@ def _stop_flag():
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-    from astraflow.supervise import pid_alive
+    from astraflow.local.supervise import pid_alive
 
     launcher = int(os.environ.get("ASTRAFLOW_LAUNCHER_PID", "0"))
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 import logging
 import time
 
+from astraflow.context import RunContext
 from astraflow.rollout.worker import RolloutWorker
-from astraflow.run import RunContext
 from astraflow.train.trainer import Trainer
 
-log = logging.getLogger("astraflow.sync")
+log = logging.getLogger("astraflow.local.sync")
 
 
 def run_sync(ctx: RunContext, *, deadline: float | None = None, should_stop=lambda: False) -> int:

@@ -1,0 +1,1 @@
+"""The `astraflow` command: thin typer entry points that parse, then call one function."""

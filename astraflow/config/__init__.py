@@ -1,0 +1,1 @@
+"""The flow schema: what a flow YAML may say, checked before anything starts."""

@@ -1,0 +1,1 @@
+"""The embedded default: a whole flow as local processes (launcher, supervisor, sync mode)."""
