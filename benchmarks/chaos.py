@@ -108,7 +108,7 @@ def start_run(flow_path: str, root: Path, v0: dict[str, Path], name: str, steps:
                  "stop.target_accuracy": None, **sets}
     ctx = prepare_run(load_flow(flow_path, overrides), root, overwrite=True)
     seed_version0(ctx, v0)
-    argv = [sys.executable, "-m", "astraflow.cli.main", "run", flow_path, "--runs", str(root)]
+    argv = [sys.executable, "-m", "astraflow", "run", flow_path, "--runs", str(root)]
     for k, v in overrides.items():
         argv += ["--set", f"{k}={json.dumps(v)}"]
     log = (ctx.run_dir / "launcher.log").open("w")
@@ -169,7 +169,7 @@ def recovery_times(ctx: RunContext, kills: list[dict]) -> list[float | None]:
 
 
 def audit(run: Path) -> tuple[int, dict]:
-    r = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "audit", str(run), "--json"],
+    r = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(run), "--json"],
                        capture_output=True, text=True, timeout=600)
     try:
         return r.returncode, json.loads(r.stdout).get("policies", {})

@@ -89,7 +89,7 @@ class Window:
 
 def start_dashboard(run: Path, refresh_s: float, log: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "astraflow.cli.main", "dashboard", str(run), "--port", "0",
+        [sys.executable, "-m", "astraflow", "dashboard", str(run), "--port", "0",
          "--refresh", str(refresh_s), "--audit-every", "0"],
         stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, start_new_session=True)
     line = proc.stdout.readline()  # "dashboard of … on http://127.0.0.1:PORT/ …"

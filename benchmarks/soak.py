@@ -153,7 +153,7 @@ def main() -> None:
                 p.kill()
             p.wait()
     appends = sum(1 for _ in (run / "acks").open()) if (run / "acks").exists() else 0
-    a = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "audit", str(run), "--json"],
+    a = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(run), "--json"],
                        capture_output=True, text=True, timeout=1200)
     rep = (json.loads(a.stdout).get("policies", {}).get(pol, {})
            if a.stdout.strip().startswith("{") else {})

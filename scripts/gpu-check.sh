@@ -81,7 +81,7 @@ else
   TRAINER_ON="cpu (this build has no trainer.device)"
 fi
 START=$(date +%s)
-timeout $(( MINUTES * 60 + 300 )) "$PY" -m astraflow.cli.main run examples/smollm2-math.yaml \
+timeout $(( MINUTES * 60 + 300 )) "$PY" -m astraflow run examples/smollm2-math.yaml \
   "${SETS[@]}" --runs "$OUT/runs" --overwrite >"$OUT/smollm2.log" 2>&1
 RUN_RC=$?
 tail -n 8 "$OUT/smollm2.log"
@@ -103,7 +103,7 @@ EOF
 COLO="skipped (vllm does not import in $PY)"
 if "$PY" -c 'import vllm' >/dev/null 2>&1; then
   echo "== colocated: vllm worker (gpu_memory_utilization 0.4) + trainer (fraction 0.5)"
-  timeout $(( MINUTES * 30 + 300 )) "$PY" -m astraflow.cli.main run examples/smollm2-math.yaml \
+  timeout $(( MINUTES * 30 + 300 )) "$PY" -m astraflow run examples/smollm2-math.yaml \
     "${SETS[@]}" --set "stop.max_minutes=$(( (MINUTES + 1) / 2 ))" --set rollout.engine=vllm \
     --set rollout.gpu_memory_utilization=0.4 --set trainer.gpu_memory_fraction=0.5 \
     --runs "$OUT/colocated" --overwrite >"$OUT/colocated.log" 2>&1

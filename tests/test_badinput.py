@@ -20,7 +20,7 @@ SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 def run_flow(tmp_path, flow: dict) -> subprocess.CompletedProcess:
     p = tmp_path / "bad.yaml"
     p.write_text(yaml.safe_dump(flow))
-    return subprocess.run([sys.executable, "-m", "astraflow.cli.main", "run", str(p), "--runs",
+    return subprocess.run([sys.executable, "-m", "astraflow", "run", str(p), "--runs",
                            str(tmp_path / "runs")], capture_output=True, text=True, timeout=60)
 
 
@@ -41,7 +41,7 @@ def test_bad_store_uri_refused_without_echoing_it(tmp_path, uri, expect):
 def test_malformed_yaml_names_the_problem(tmp_path):
     p = tmp_path / "broken.yaml"
     p.write_text("name: x\npolicies: [\n  - {name: a\n")
-    r = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "run", str(p), "--runs",
+    r = subprocess.run([sys.executable, "-m", "astraflow", "run", str(p), "--runs",
                         str(tmp_path / "runs")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not valid YAML" in r.stderr and "line" in r.stderr
     assert not (tmp_path / "runs").exists()

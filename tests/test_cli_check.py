@@ -40,7 +40,7 @@ def test_a_broken_flow_exits_2_naming_each_field_path(tmp_path):
                    "policies: [{name: solver, algorithm: {lr: -1}}]\n"
                    "rollout: {samples_per_prompt: 1}\n"
                    "stages: [{name: length_norm, params: {mdoe: sequence_mean}}]\n")
-    r = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "check", str(bad)],
+    r = subprocess.run([sys.executable, "-m", "astraflow", "check", str(bad)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stdout == ""
     for path in ("policies.0.algorithm.lr", "rollout.samples_per_prompt", "stages.0"):

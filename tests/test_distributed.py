@@ -88,7 +88,7 @@ def test_two_rank_checkpoint_resumes_on_one_rank(tmp_path, tiny_policy_dir):
     a = make_ctx(tmp_path / "a", tiny_policy_dir)
     fill(a, 6)
     shutil.copytree(tmp_path / "a", tmp_path / "b")
-    torchrun(2, "-m", "astraflow.cli.main", "train", str(a.run_dir), "--max-steps", "4")
+    torchrun(2, "-m", "astraflow", "train", str(a.run_dir), "--max-steps", "4")
     ck = a.checkpoints().latest("solver")
     assert ck is not None and ck.step == 4 and ck.meta["layout"] == checkpoint.LAYOUT
     assert len([f for f in ck.files if f.endswith(".safetensors")]) == 2  # one per rank
@@ -132,7 +132,7 @@ def test_one_process_checkpoint_resumes_on_two_ranks(tmp_path, tiny_policy_dir):
     first.save_checkpoint()
     del first
     assert "state.safetensors" in a.checkpoints().latest("solver").files
-    torchrun(2, "-m", "astraflow.cli.main", "train", str(a.run_dir), "--max-steps", "6")
+    torchrun(2, "-m", "astraflow", "train", str(a.run_dir), "--max-steps", "6")
     straight = Trainer(RunContext.open(tmp_path / "b"))
     train(straight, 6)
     v = a.weights().latest("solver")
@@ -234,7 +234,7 @@ def test_two_rank_trainer_under_the_local_launcher(tmp_path):
     assert summary["stop_reason"] == "max_steps"
     log = (run_dir / "logs" / "trainer-solver.log").read_text()
     assert "rank 1 of 2" in log
-    audit = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "audit", str(run_dir), "--json"],
+    audit = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(run_dir), "--json"],
                            capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     counts = json.loads(audit.stdout)["policies"]["solver"]

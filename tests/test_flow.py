@@ -98,7 +98,7 @@ def test_cli_refuses_bad_flow_and_starts_nothing(tmp_path):
     d = base()
     d["rollout"]["workers"] = 0
     p = write(tmp_path, d)
-    r = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "run", str(p), "--runs",
+    r = subprocess.run([sys.executable, "-m", "astraflow", "run", str(p), "--runs",
                         str(tmp_path / "runs")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "rollout.workers" in r.stderr

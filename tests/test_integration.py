@@ -35,7 +35,7 @@ def run_cli(tmp_path: Path, flow: dict, *extra: str) -> subprocess.CompletedProc
     p = tmp_path / f"{flow['name']}.yaml"
     p.write_text(yaml.safe_dump(flow))
     return subprocess.run(
-        [sys.executable, "-m", "astraflow.cli.main", "run", str(p), "--runs", str(tmp_path / "runs"), *extra],
+        [sys.executable, "-m", "astraflow", "run", str(p), "--runs", str(tmp_path / "runs"), *extra],
         capture_output=True, text=True, timeout=400,
     )
 
@@ -77,7 +77,7 @@ def test_short_flow_through_cli(tmp_path, mode):
         assert workers and workers <= {"w0", "w1"}
 
     # status reads the same store
-    st = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "status", str(run_dir), "--json"],
+    st = subprocess.run([sys.executable, "-m", "astraflow", "status", str(run_dir), "--json"],
                         capture_output=True, text=True, timeout=60)
     assert st.returncode == 0, st.stderr
     assert json.loads(st.stdout)["steps"] == 8

@@ -65,7 +65,7 @@ def start_run(tmp_path: Path, flow_dict: dict,
     flow = tmp_path / f"{flow_dict['name']}.yaml"
     flow.write_text(yaml.safe_dump(flow_dict))
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "astraflow.cli.main", "run", str(flow), "--runs", str(tmp_path / "runs")],
+        [sys.executable, "-m", "astraflow", "run", str(flow), "--runs", str(tmp_path / "runs")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, **(env or {})})
     return launcher, tmp_path / "runs" / flow_dict["name"]
@@ -113,7 +113,7 @@ def test_sigkill_trainer_and_workers_mid_run(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "max_steps"
     assert summary["restarts"] == {"trainer-solver": 3, "rollout-w0": 1, "rollout-w1": 1}
-    audit = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "audit", str(run), "--json"],
+    audit = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(run), "--json"],
                            capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     counts = json.loads(audit.stdout)["policies"]["solver"]
@@ -155,7 +155,7 @@ def test_sigkill_the_launcher_then_run_again(tmp_path):
     flow = tmp_path / "relaunch.yaml"
     flow.write_text(yaml.safe_dump(flow_d))
     run = tmp_path / "runs" / "relaunch"
-    argv = [sys.executable, "-m", "astraflow.cli.main", "run", str(flow), "--runs", str(tmp_path / "runs")]
+    argv = [sys.executable, "-m", "astraflow", "run", str(flow), "--runs", str(tmp_path / "runs")]
     first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)
     try:
@@ -184,7 +184,7 @@ def test_sigkill_the_launcher_then_run_again(tmp_path):
     assert second.returncode == 0, second.stdout + second.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "max_steps" and summary["ledger"]["steps"] == 24
-    audit = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "audit", str(run), "--json"],
+    audit = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(run), "--json"],
                            capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     counts = json.loads(audit.stdout)["policies"]["solver"]

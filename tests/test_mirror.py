@@ -196,7 +196,7 @@ def test_cloud_style_run_with_a_worker_reading_a_replica(two_stores, servers, tm
     })
     publish_flow(flow)
     env = {**os.environ, "ASTRAFLOW_THREADS": "1"}
-    cmd = [sys.executable, "-m", "astraflow.cli.main"]
+    cmd = [sys.executable, "-m", "astraflow"]
     logs = tmp_path / "logs"
     logs.mkdir()
     procs = {

@@ -242,7 +242,7 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
     assert summary["restarts"] == {"trainer-solver": 0, "trainer-verifier": 1, "rollout-w0": 0}
     assert set(summary["policies"]) == {"solver", "verifier"}
     assert summary["policies"]["verifier"]["metric"] == "judgement accuracy"
-    audit = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "audit", str(run), "--json"],
+    audit = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(run), "--json"],
                            capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     counts = json.loads(audit.stdout)["policies"]

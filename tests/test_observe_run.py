@@ -57,7 +57,7 @@ def live_run(tmp_path_factory):
            "ASTRAFLOW_WANDB": "1", "WANDB_DIR": str(tmp / "wandb"), "WANDB_SILENT": "true"}
     (tmp / "wandb").mkdir()
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "astraflow.cli.main", "run", str(path), "--runs", str(tmp / "runs")],
+        [sys.executable, "-m", "astraflow", "run", str(path), "--runs", str(tmp / "runs")],
         stdout=open(tmp / "launcher.log", "w"), stderr=subprocess.STDOUT, env=env,
         start_new_session=True)
     run = tmp / "runs" / "obsrun"

@@ -30,7 +30,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
-CLI = [sys.executable, "-m", "astraflow.cli.main"]
+CLI = [sys.executable, "-m", "astraflow"]
 CLOUD_TOOLS = {"sky", "modal", "export", "aws", "gcloud"}
 OFFLINE = {"check", "flow-reference"}
 PATH_RE = re.compile(r"(?<![\w./~-])((?:examples|benchmarks|sky|apps|scripts|docs|tests|policies|stores|"

@@ -25,7 +25,7 @@ def test_every_section_and_field_is_in_the_reference():
 
 
 def test_docs_flow_md_is_current():
-    out = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "flow-reference"],
+    out = subprocess.run([sys.executable, "-m", "astraflow", "flow-reference"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
     committed = (ROOT / "docs" / "flow.md").read_text()
     assert out == committed, "docs/flow.md is stale: run `astraflow flow-reference > docs/flow.md`"

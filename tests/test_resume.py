@@ -149,7 +149,7 @@ def test_audit_catches_duplicates_and_skips(tmp_path, tiny_policy_dir):
     import subprocess
     import sys
 
-    cli = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "audit", str(ctx.run_dir)],
+    cli = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(ctx.run_dir)],
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 1
     assert "VIOLATION" in cli.stderr and "more than once" in cli.stderr
@@ -168,7 +168,7 @@ def test_sigterm_checkpoints_within_the_grace_period(tmp_path, tiny_policy_dir):
 
     ctx = make_ctx(tmp_path / "run", tiny_policy_dir, checkpoint_every=1000)
     fill(ctx, 60)
-    proc = subprocess.Popen([sys.executable, "-m", "astraflow.cli.main", "train", str(ctx.run_dir)],
+    proc = subprocess.Popen([sys.executable, "-m", "astraflow", "train", str(ctx.run_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "ASTRAFLOW_THREADS": "1"}, start_new_session=True)
     progress = ctx.run_dir / "store" / "_progress" / "solver.json"

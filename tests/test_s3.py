@@ -116,7 +116,7 @@ def test_run_survives_a_15s_store_outage(s3_env, moto_server, tmp_path):
     env = {**os.environ, "ASTRAFLOW_CACHE": str(tmp_path / "cache")}
     runs = tmp_path / "runs"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "astraflow.cli.main", "run", str(path), "--runs", str(runs)],
+        [sys.executable, "-m", "astraflow", "run", str(path), "--runs", str(runs)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         start_new_session=True)
     progress = Ledger(f"s3://{s3_env}/runs/s3run")
@@ -138,7 +138,7 @@ def test_run_survives_a_15s_store_outage(s3_env, moto_server, tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "max_steps" and summary["ledger"]["steps"] == 24
     assert paused_at_step < 20  # the outage really hit the middle of the run
-    audit = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "audit", str(run), "--json"],
+    audit = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(run), "--json"],
                            capture_output=True, text=True, timeout=300, env=env)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     counts = json.loads(audit.stdout)["policies"]["solver"]

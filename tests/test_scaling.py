@@ -273,7 +273,7 @@ def _scale_rows(run_dir: Path) -> list[dict]:
 def _start_scaler(run_dir: Path, log: Path) -> subprocess.Popen:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "astraflow.cli.main", "scale", str(run_dir), "--policy", "deadband",
+            [sys.executable, "-m", "astraflow", "scale", str(run_dir), "--policy", "deadband",
              "--param", "high=0.3", "--param", "low=0.1", "--param", "min_workers=0",
              "--max-workers", "2", "--interval", "2", "--window", "8", "--worker-minutes", "5"],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -285,7 +285,7 @@ def test_autoscaler_grows_and_shrinks_a_real_local_run(tmp_path):
     flow.write_text(yaml.safe_dump(FLOW))
     run_dir = tmp_path / "runs" / "scaled"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "astraflow.cli.main", "run", str(flow), "--runs", str(tmp_path / "runs")],
+        [sys.executable, "-m", "astraflow", "run", str(flow), "--runs", str(tmp_path / "runs")],
         stdout=(tmp_path / "run.log").open("wb"), stderr=subprocess.STDOUT,
         start_new_session=True)
     scaler = None
@@ -366,7 +366,7 @@ def test_autoscaler_grows_and_shrinks_a_real_local_run(tmp_path):
         launcher.send_signal(signal.SIGTERM)  # stop the run: evaluate, summary
         launcher.wait(240)
     # Nothing lost, nothing twice, with workers added and retired mid-run.
-    r = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "audit", str(run_dir)],
+    r = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(run_dir)],
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     # The autoscaled workers' rows are in the table, and the plot is drawn from the metrics.

@@ -123,7 +123,7 @@ def test_a_vllm_flow_without_vllm_stops_before_starting(tmp_path):
         pytest.skip("vllm is importable here")
     p = tmp_path / "v.yaml"
     p.write_text(yaml.safe_dump({**FLOW, "rollout": {**FLOW["rollout"], "engine": "vllm"}}))
-    r = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "run", str(p), "--runs",
+    r = subprocess.run([sys.executable, "-m", "astraflow", "run", str(p), "--runs",
                         str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "setup-vllm-env.sh" in r.stderr, r.stderr
     assert not (tmp_path / "runs").exists()

@@ -186,7 +186,7 @@ def worker_check(work: Path, out: dict) -> None:
         shutil.copy(f, st)
     ws.publish("solver", st, step=0)
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "astraflow.cli.main", "rollout", str(run),
+    r = subprocess.run([sys.executable, "-m", "astraflow", "rollout", str(run),
                         "--max-batches", "2"], capture_output=True, text=True, timeout=600)
     out["worker_s"] = time.time() - t0
     out["worker_rc"] = r.returncode

@@ -40,7 +40,7 @@ class Component:
     log_path: Path
     restart: bool = True
     launcher: list[str] = field(default_factory=list)
-    """Python arguments before `-m astraflow.cli.main`: e.g. `-m torch.distributed.run
+    """Python arguments before `-m astraflow`: e.g. `-m torch.distributed.run
     --standalone --nproc-per-node 2` for a multi-rank trainer, which torchrun runs as
     one process tree (any rank dying ends it) and so is supervised as one component."""
     proc: subprocess.Popen | ForkedProc | None = None
@@ -75,7 +75,7 @@ def _spawn(argv: list[str], env: dict[str, str], log_path: Path,
            stdin: int | None = None, stdout: int | None = None,
            launcher: list[str] | None = None) -> subprocess.Popen:
     with log_path.open("ab") as out:
-        return subprocess.Popen([sys.executable, *(launcher or []), "-m", "astraflow.cli.main", *argv],
+        return subprocess.Popen([sys.executable, *(launcher or []), "-m", "astraflow", *argv],
                                 stdout=out if stdout is None else stdout,
                                 stderr=out if stdout is not None else subprocess.STDOUT,
                                 stdin=stdin, env={**os.environ, **env}, start_new_session=True)

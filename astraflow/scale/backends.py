@@ -109,7 +109,7 @@ class LocalBackend:
         env.pop("ASTRAFLOW_LAUNCHER_PID", None)  # not tied to the autoscaler's life
         with (logs / f"rollout-{worker_id}.log").open("ab") as out:
             proc = subprocess.Popen(
-                [*self.command, "-m", "astraflow.cli.main", "rollout", str(self.run_dir),
+                [*self.command, "-m", "astraflow", "rollout", str(self.run_dir),
                  "--worker-id", worker_id, "--minutes", str(self.minutes)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True)
