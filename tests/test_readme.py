@@ -14,6 +14,13 @@ Each shell line of a fenced `bash` block is split into commands (`&&`, `;`). The
   * A command whose own argument is an `s3://` store needs that bucket: checked, not run.
 Paths named anywhere in the README's prose as `examples/…`, `benchmarks/…`, `sky/…`,
 `apps/…`, `scripts/…` or `docs/…` must exist too.
+
+The docs site's pages (`docs/**/*.md`) are walked the same way: their commands, their
+repository paths, their Python blocks. A page may also name a module by its place inside
+the package (`envs/sandbox.py`, `data/replay.py`): such a path must exist under
+`astraflow/`. The README's "Extend it" snippets are written into a package and run: the
+stage on a table, the workflow on a batch, the env through the runtime's own checks, the
+scaling policy in the simulator.
 """
 
 from __future__ import annotations
@@ -30,11 +37,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
+DOCS = sorted((REPO / "docs").rglob("*.md"))
+PAGES = [README, *DOCS]
 CLI = [sys.executable, "-m", "astraflow"]
 CLOUD_TOOLS = {"sky", "modal", "export", "aws", "gcloud"}
 OFFLINE = {"check", "flow-reference"}
 PATH_RE = re.compile(r"(?<![\w./~-])((?:examples|benchmarks|sky|apps|scripts|docs|tests|policies|stores|"
                      r"astraflow)/[\w./-]*\w)")
+#: The runtime's subpackages: a doc may name `envs/base.py` for `astraflow/envs/base.py`.
+SUBPACKAGES = ("config", "cli", "local", "cloud", "models", "rollout", "workflows", "envs",
+               "train", "data", "observe", "scale")
+LINK_RE = re.compile(r"\]\(([^)#\s]+)(?:#[^)\s]*)?\)")
+IN_PACKAGE_RE = re.compile(rf"(?<![\w./~-])((?:{'|'.join(SUBPACKAGES)})/[\w./-]*\.py)\b")
 
 
 def _blocks(text: str) -> list[str]:
@@ -59,11 +73,16 @@ def _lines(block: str) -> list[tuple[str, str]]:
     return out
 
 
-def _commands() -> list[tuple[list[str], str, str]]:
-    """(argv, comment, the line) for every command of every bash block; a block whose
-    first line is a comment about a cloud marks all of its commands."""
+def _page(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def _commands(pages: list[Path] = PAGES) -> list[tuple[list[str], str, str]]:
+    """(argv, comment, the line) for every command of every bash block of the README
+    and the docs; a block whose first line is a comment about a cloud marks all of its
+    commands."""
     cmds = []
-    for block in _blocks(README.read_text()):
+    for block in (b for page in pages for b in _blocks(page.read_text())):
         first = block.strip().splitlines()[0] if block.strip() else ""
         marked = first.startswith("#") and "cloud" in first.lower()
         for code, comment in _lines(block):
@@ -114,7 +133,9 @@ ASTRAFLOW = [(a, c, line) for a, c, line in ((_without_env(a), c, ln) for a, c, 
 
 
 def test_the_readme_shows_commands():
-    assert len(ASTRAFLOW) >= 5, "the README lost its astraflow commands"
+    readme = [a for a in _commands([README]) if _without_env(a[0])[:1] == ["astraflow"]]
+    assert len(readme) >= 5, "the README lost its astraflow commands"
+    assert len(ASTRAFLOW) >= 25, "the docs lost their astraflow commands"
 
 
 @pytest.mark.parametrize("argv,comment,line", ASTRAFLOW, ids=[ln[:60] for _, _, ln in ASTRAFLOW])
@@ -175,27 +196,54 @@ def test_other_commands_name_real_scripts_extras_and_mark_clouds():
                 f"`{line}` needs a cloud account: say so in a trailing `# … cloud …` comment"
 
 
-def test_paths_named_in_the_readme_exist():
+@pytest.mark.parametrize("page", PAGES, ids=_page)
+def test_paths_named_in_the_readme_and_docs_exist(page):
+    """Markdown link targets (`[x](benchmarks/store.md)`) from the page's own folder, as a
+    browser and MkDocs resolve them; other repository paths (`examples/…`, `astraflow/…`,
+    `docs/…`) from the repository root, wherever the page lies; in-package paths
+    (`envs/sandbox.py`) under `astraflow/`. Placeholders (`<policy>`, `*`) name no file."""
+    text = page.read_text()
+    links = [t for t in LINK_RE.findall(text) if not re.match(r"[a-z]+://|mailto:", t)]
+    missing = sorted(t for t in links if not (page.parent / t).exists())
+    text = LINK_RE.sub("]()", text)
+    named = {p for p in PATH_RE.findall(text) if "<" not in p and "*" not in p}
+    missing += sorted(p for p in named if not (REPO / p).exists())
+    in_package = set(IN_PACKAGE_RE.findall(text))
+    missing += sorted(p for p in in_package if not (REPO / "astraflow" / p).exists())
+    assert not missing, f"{_page(page)} names paths that do not exist: {missing}"
+
+
+def test_the_readme_indexes_every_docs_guide():
     text = README.read_text()
-    named = set(PATH_RE.findall(text))
-    missing = sorted(p for p in named if not (REPO / p).exists() and "<" not in p
-                     and "*" not in p)
-    assert not missing, f"README.md names paths that do not exist: {missing}"
+    guides = [p for p in DOCS if p.parent == REPO / "docs"]
+    assert len(guides) >= 9, guides
+    unlinked = [_page(p) for p in guides if f"]({_page(p)})" not in text]
+    assert not unlinked, f"the README's docs index does not link {unlinked}"
+    assert "](docs/benchmarks/index.md)" in text
 
 
-def test_python_blocks_compile_and_import_what_they_name():
+def _python_blocks(page: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(), re.M | re.S)
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if _python_blocks(p)], ids=_page)
+def test_python_blocks_compile_and_import_what_they_name(page):
     import ast
     import importlib
 
-    blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.M | re.S)
-    assert blocks, "the README lost its Python API example"
-    for block in blocks:
+    for block in _python_blocks(page):
         tree = ast.parse(block)
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:
                 mod = importlib.import_module(node.module)
                 for alias in node.names:
                     assert hasattr(mod, alias.name), f"{node.module} has no {alias.name}"
+
+
+def test_the_readme_and_docs_keep_their_python_examples():
+    assert len(_python_blocks(README)) >= 4, "the README lost its extension snippets"
+    assert any("run_local" in b for p in DOCS for b in _python_blocks(p)), \
+        "the docs lost the Python API example"
 
 
 def test_every_layout_entry_exists():
@@ -221,3 +269,94 @@ def test_every_layout_entry_exists():
         if top:
             parent = names.strip() if names.strip().endswith("/") else None
     assert len(checked) >= 20, checked
+
+
+# -- the README's "Extend it" snippets, run as the user's package ----------------------
+@pytest.fixture
+def mypkg(tmp_path, monkeypatch):
+    """The README's `# mypkg/<module>.py` blocks written as a package on sys.path."""
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    written = []
+    for block in _python_blocks(README):
+        m = re.match(r"# (mypkg/\w+\.py)\b", block)
+        if m:
+            (tmp_path / m.group(1)).write_text(block)
+            written.append(m.group(1))
+    assert sorted(written) == ["mypkg/envs.py", "mypkg/flows.py", "mypkg/scaling.py",
+                               "mypkg/stages.py"], written
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for name in [m for m in sys.modules if m == "mypkg" or m.startswith("mypkg.")]:
+        del sys.modules[name]
+
+
+def test_the_readme_stage_drops_and_counts(mypkg):
+    import pyarrow as pa
+
+    from astraflow.data.stages import StageContext, run_stages
+
+    rows = pa.table({"completion_ids": [[1] * 10, [1] * 100, [1] * 64],
+                     "reward": pa.array([1.0, 0.0, 1.0], pa.float32())})
+    out = run_stages(rows, StageContext("solver", 3, 3),
+                     [("mypkg.stages:drop_long", {"max_tokens": 64})])
+    assert out.rows.num_rows == 2 and out.dropped == {"too_long": 1}
+
+
+def test_the_readme_workflow_plays_a_batch(mypkg):
+    import random
+
+    from astraflow.envs.math import MathEnv
+    from astraflow.models.tokenizer import CharCodec
+    from astraflow.rollout.engine import Generation
+    from astraflow.workflows import resolve_workflow
+    from astraflow.workflows.base import Workflow
+
+    cls = resolve_workflow("mypkg.flows:Brief")
+    assert issubclass(cls, Workflow)
+    codec, env = CharCodec.default(), MathEnv(digits=2)
+    flow = cls(env, codec, samples_per_prompt=2)
+    tasks = [env.sample(random.Random(0))]
+    right = codec.encode(tasks[0].answer) + [codec.eos_id]
+
+    class Actor:
+        def generate(self, role, prompts, *, samples, max_new_tokens):
+            both = [right, right + right]  # two samples: the answer, and it twice
+            return Generation(both, [[0.0] * len(c) for c in both], ["stop", "stop"])
+
+        def env_wait(self):
+            pass
+
+    parts = flow.episodes(tasks, Actor())
+    plain = env.reward(tasks[0], codec.decode(right))
+    assert plain == 1.0
+    assert [p.reward for p in parts] == pytest.approx(
+        [plain - 0.01 * len(right), env.reward(tasks[0], codec.decode(right + right))
+         - 0.02 * len(right)])
+
+
+def test_the_readme_env_passes_the_runtime_checks(mypkg):
+    import random
+
+    from astraflow.envs import build_env
+
+    env = build_env("mypkg.envs:Reverse", {"length": 4})
+    rng = random.Random(1)
+    train = {env.sample(rng).task_id for _ in range(300)}
+    held = env.eval_tasks(20)
+    assert held == env.eval_tasks(20) and not train & {t.task_id for t in held}
+    task = held[0]
+    (turn,) = env.demonstration(task, rng)
+    assert env.reward(task, turn.text.removeprefix("<answer>").removesuffix("</answer>")) == 1.0
+
+
+def test_the_readme_scaling_policy_runs_in_the_simulator(mypkg):
+    from astraflow.policies import Policy, Pool, Scenario, Workload, resolve_policy, simulate
+
+    policy = resolve_policy("mypkg.scaling:Greedy")
+    assert isinstance(policy, Policy)
+    pools = (Pool("spot", spot=True, price_per_hour=0.4, rows_per_s=8.0),
+             Pool("od", price_per_hour=0.8, rows_per_s=8.0))
+    run = simulate(Scenario("readme", Workload(steps=30), pools), policy)
+    assert run.rollout_cost > 0
