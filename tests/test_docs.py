@@ -3,11 +3,13 @@
 `mkdocs build --strict` (mkdocs.yml: every validation a warning, so a fatal one here)
 fails on a broken link or anchor between pages, a page missing from the nav, or a nav
 entry with no page. What the pages name (commands, flags, paths, Python imports) is
-checked by tests/test_readme.py, which walks the docs too.
+checked by tests/test_readme.py, which walks the docs too. CONTRIBUTING.md's module map
+(which package may import which) is checked against the source here.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -57,3 +59,91 @@ def test_the_readme_is_a_front_door():
     for needed in ("Status", "Quickstart", "Concepts", "Run it", "Extend it", "Observe",
                    "Layout", "Docs"):
         assert needed in headings, f"README.md lost its {needed} section"
+
+
+# -- CONTRIBUTING.md's module map, checked against the source --------------------------
+SOURCES = {"astraflow": "astraflow", "stores": "astraflow.stores",
+           "policies": "astraflow.policies"}
+
+
+def _map() -> dict[str, set[str] | None]:
+    """package (`stores/`, `registry.py`, …) → the packages it may import (None: any)."""
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    section = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([\w./]+)` \| .*? \| (.+?) \|$", section, re.M)
+    assert len(rows) >= 15, rows
+    names = {pkg.rstrip("/").removesuffix(".py"): pkg for pkg, _ in rows}
+    out: dict[str, set[str] | None] = {}
+    for pkg, allowed in rows:
+        if allowed.startswith("nothing of ours"):
+            out[pkg] = set()
+        elif allowed == "anything":
+            out[pkg] = None
+        elif allowed.startswith("anything but "):
+            out[pkg] = set(names.values()) - {pkg, names[allowed.removeprefix("anything but ")]}
+        else:
+            out[pkg] = {names[n.strip()] for n in allowed.split(",")}
+    return out
+
+
+def _package(module: str) -> str | None:
+    """`astraflow.rollout.worker` → `rollout/`; `astraflow.context` → `context.py`;
+    `astraflow.stores.weights` → `stores/`; None for what the map leaves out."""
+    parts = module.split(".")
+    if parts[0] != "astraflow" or len(parts) < 2:
+        return None
+    if parts[1] in ("stores", "policies") or (REPO / "astraflow" / parts[1]).is_dir():
+        return f"{parts[1]}/"
+    return f"{parts[1]}.py"
+
+
+def _imports_by_package() -> dict[str, set[tuple[str, str]]]:
+    """package → (imported package, where) for every import of ours, lazy ones too;
+    `if TYPE_CHECKING:` blocks are exempt."""
+    out: dict[str, set[tuple[str, str]]] = {}
+    for top, dotted in SOURCES.items():
+        for path in sorted((REPO / top).rglob("*.py")):
+            rel = path.relative_to(REPO).with_suffix("")
+            module = ".".join([*dotted.split("."), *rel.parts[1:]])
+            owner = _package(module) if top == "astraflow" else f"{top}/"
+            if owner is None:
+                continue
+            tree = ast.parse(path.read_text())
+            skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                    and "TYPE_CHECKING" in ast.unparse(node.test)
+                    for stmt in node.body for n in ast.walk(stmt)}
+            for node in ast.walk(tree):
+                if id(node) in skip:
+                    continue
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    targets = [node.module]
+                    if node.module == "astraflow":
+                        targets = [f"astraflow.{a.name}" for a in node.names]
+                elif isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                else:
+                    continue
+                for target in targets:
+                    pkg = _package(target)
+                    if pkg and pkg != owner:
+                        out.setdefault(owner, set()).add((pkg, f"{rel}.py:{node.lineno}"))
+    return out
+
+
+def test_the_module_map_names_every_package():
+    mapped = set(_map())
+    on_disk = {f"{p.name}/" for p in (REPO / "astraflow").iterdir()
+               if p.is_dir() and (p / "__init__.py").exists()}
+    on_disk |= {"stores/", "policies/"}
+    on_disk |= {p.name for p in (REPO / "astraflow").glob("*.py")} - {
+        "__init__.py", "__main__.py", "testing.py"}
+    assert on_disk <= mapped, f"CONTRIBUTING.md's module map lacks {sorted(on_disk - mapped)}"
+    assert not mapped - on_disk, f"the module map names {sorted(mapped - on_disk)}, not on disk"
+
+
+def test_imports_follow_the_module_map():
+    allowed, found = _map(), _imports_by_package()
+    wrong = sorted(f"{owner} imports {pkg} ({where})"
+                   for owner, edges in found.items() if allowed.get(owner) is not None
+                   for pkg, where in edges if pkg in allowed and pkg not in allowed[owner])
+    assert not wrong, "imports against CONTRIBUTING.md's module map:\n" + "\n".join(wrong)

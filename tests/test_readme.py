@@ -15,10 +15,10 @@ Each shell line of a fenced `bash` block is split into commands (`&&`, `;`). The
 Paths named anywhere in the README's prose as `examples/…`, `benchmarks/…`, `sky/…`,
 `apps/…`, `scripts/…` or `docs/…` must exist too.
 
-The docs site's pages (`docs/**/*.md`) are walked the same way: their commands, their
-repository paths, their Python blocks. A page may also name a module by its place inside
-the package (`envs/sandbox.py`, `data/replay.py`): such a path must exist under
-`astraflow/`. The README's "Extend it" snippets are written into a package and run: the
+The docs site's pages (`docs/**/*.md`) and CONTRIBUTING.md are walked the same way: their
+commands, their repository paths, their Python blocks. A page may also name a module by
+its place inside the package (`envs/sandbox.py`, `data/replay.py`): such a path must exist
+under `astraflow/`. A Markdown link resolves from its page's folder. The README's "Extend it" snippets are written into a package and run: the
 stage on a table, the workflow on a batch, the env through the runtime's own checks, the
 scaling policy in the simulator.
 """
@@ -38,7 +38,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").rglob("*.md"))
-PAGES = [README, *DOCS]
+PAGES = [README, REPO / "CONTRIBUTING.md", *DOCS]
 CLI = [sys.executable, "-m", "astraflow"]
 CLOUD_TOOLS = {"sky", "modal", "export", "aws", "gcloud"}
 OFFLINE = {"check", "flow-reference"}
