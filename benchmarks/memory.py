@@ -86,11 +86,8 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
 
     import torch
 
-    from astraflow.train.loss import (
-        completion_logprobs,
-        completion_logprobs_reference,
-        ppo_clip_loss,
-    )
+    from astraflow.train.logprobs import completion_logprobs, completion_logprobs_reference
+    from astraflow.train.loss import ppo_clip_loss
 
     torch.set_num_threads(args.threads)
     model = _load(args.model).train()

@@ -7,7 +7,7 @@
 
 One measured step is what the trainer does per optimizer update: the chunked-logprob
 forward, PPO loss, backward, gradient clipping and an AdamW step
-(astraflow.train.loss.optimize), on `rows` rows of random token ids, after one
+(astraflow.train.step.optimize), on `rows` rows of random token ids, after one
 warm-up step. With N > 1 ranks it runs under `torchrun --standalone
 --nproc-per-node N` with FSDP2 exactly as the trainer does (each rank takes its
 share of the rows; one step processes `rows` rows in all), so tokens/s compare
@@ -70,8 +70,12 @@ def worker(a: argparse.Namespace) -> None:
 
     from astraflow.models.factory import tiny_llama
     from astraflow.models.hf import load_policy
-    from astraflow.train.dist import Ranks, compute_dtype, shard
-    from astraflow.train.loss import Batch, LogprobModel, LossConfig, StepSettings, optimize
+    from astraflow.train.batch import Batch
+    from astraflow.train.dist import Ranks, compute_dtype
+    from astraflow.train.fsdp import ShardedStep, shard
+    from astraflow.train.logprobs import LogprobModel
+    from astraflow.train.loss import LossConfig
+    from astraflow.train.step import StepSettings, optimize
 
     torch.set_num_threads(a.threads)
     ranks = Ranks.from_env(a.device)
@@ -102,7 +106,7 @@ def worker(a: argparse.Namespace) -> None:
     cuda = ranks.device.type == "cuda"
 
     def one() -> None:
-        optimize(module, opt, batch, 0, settings, ranks)
+        (ShardedStep(ranks) if ranks.sharded else optimize)(module, opt, batch, 0, settings)
         if cuda:
             torch.cuda.synchronize()
 

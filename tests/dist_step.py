@@ -1,4 +1,4 @@
-"""One optimizer step of `astraflow.train.loss.optimize` on a fixed batch, alone or as a
+"""One optimizer step (`astraflow.train.step.optimize`, or `fsdp.ShardedStep`) on a fixed batch, alone or as a
 rank under torchrun (tests/test_distributed.py runs it both ways and compares).
 
     python -m tests.dist_step MODEL_DIR OUT_DIR [--objective ppo|decoupled]
@@ -20,7 +20,7 @@ import torch
 
 def fixed_batch(rows: int, vocab: int, seed: int = 0):
     """Rows of different lengths (so ranks' shares differ in tokens), seeded."""
-    from astraflow.train.loss import Batch
+    from astraflow.train.batch import Batch
 
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(3, 8))] for _ in range(rows)]
@@ -36,11 +36,12 @@ def step(model_dir: str, *, objective: str = "ppo", minibatches: int = 1,
          micro_batch_rows: int | None = None, rows: int = 4, lr: float = 1e-3
          ) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
     """(full weights after one step on rank 0, else None; metrics) — alone or sharded."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     from astraflow.models.hf import load_policy
-    from astraflow.train.dist import Ranks, shard
-    from astraflow.train.loss import LogprobModel, LossConfig, StepSettings, optimize
+    from astraflow.train.dist import Ranks
+    from astraflow.train.fsdp import ShardedStep, full_state_dict, shard
+    from astraflow.train.logprobs import LogprobModel
+    from astraflow.train.loss import LossConfig
+    from astraflow.train.step import StepSettings, optimize
 
     torch.manual_seed(0)
     ranks = Ranks.from_env("cpu")
@@ -54,11 +55,11 @@ def step(model_dir: str, *, objective: str = "ppo", minibatches: int = 1,
     batch = fixed_batch(rows, model.config.vocab_size)
     settings = StepSettings(loss=LossConfig(objective), minibatches=minibatches,
                             micro_batch_rows=micro_batch_rows, chunk_tokens=7)
-    metrics, updates = optimize(module, opt, batch, 0, settings, ranks)
+    run = ShardedStep(ranks) if ranks.sharded else optimize
+    metrics, updates = run(module, opt, batch, 0, settings)
     metrics["updates"] = float(updates)
-    full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True,
-                                                                 cpu_offload=True))
-    weights = {k.removeprefix("policy."): v.clone() for k, v in full.items()} if ranks.main else None
+    full = full_state_dict(module)
+    weights = {k: v.clone() for k, v in full.items()} if ranks.main else None
     ranks.close()
     return weights, metrics
 

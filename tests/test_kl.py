@@ -12,8 +12,11 @@ import torch
 
 from astraflow.config.flow import AlgorithmSpec, FlowError, parse_flow
 from astraflow.models.hf import load_policy
+from astraflow.train.batch import Batch
 from astraflow.train.dist import Ranks
-from astraflow.train.loss import Batch, LossConfig, StepSettings, optimize, policy_loss
+from astraflow.train.fsdp import ShardedStep
+from astraflow.train.loss import LossConfig, policy_loss
+from astraflow.train.step import StepSettings, optimize
 from astraflow.train.trainer import Trainer
 from tests.runs import seeded_run
 from tests.test_loss import _model, _rows
@@ -143,7 +146,7 @@ def train_away(kl_coef: float, steps: int = 12) -> float:
     s = StepSettings(loss=LossConfig("ppo", 0.2, kl_coef=kl_coef), grad_clip=1e9,
                      ref_model=ref if kl_coef > 0 else None)
     for _ in range(steps):
-        from astraflow.train.loss import completion_logprobs
+        from astraflow.train.logprobs import completion_logprobs
 
         with torch.no_grad():
             beh = completion_logprobs(model, base.prompts, base.completions, 0).logprobs
@@ -189,8 +192,8 @@ def test_sharded_training_with_kl_is_refused_clearly():
         parse_flow({**FLOW, "trainer": {"ranks": 2}})
     s = StepSettings(loss=LossConfig(kl_coef=0.1), ref_model=_model())
     with pytest.raises(ValueError, match="kl_coef > 0 is not supported with FSDP2"):
-        optimize(_model(), torch.optim.SGD(_model().parameters(), lr=0.1), _rows(3, seed=1), 0,
-                 s, Ranks(world=2))
+        ShardedStep(Ranks(world=2))(_model(), torch.optim.SGD(_model().parameters(), lr=0.1),
+                                    _rows(3, seed=1), 0, s)
 
 
 # --------------------------------------------------------------------------- trainer

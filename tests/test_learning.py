@@ -3,7 +3,7 @@
 (a) One step on a fixed batch moves the policy the right way: logprobs of
     positive-advantage tokens up, negative ones down (both objectives).
 (b) A short RL run on a tiny model — the trainer's own step function
-    (`astraflow.train.loss.optimize`), its stages (zero-variance filter, group
+    (`astraflow.train.step.optimize`), its stages (zero-variance filter, group
     advantages) and the hf engine, in one process — raises the reward, while the
     very same run with rewards shuffled within each batch does not.
 
@@ -30,7 +30,10 @@ from astraflow.data.stages import StageContext, group_advantages, zero_variance_
 from astraflow.models.factory import tiny_llama
 from astraflow.models.tokenizer import CharCodec
 from astraflow.rollout.engine import HFEngine
-from astraflow.train.loss import Batch, LossConfig, StepSettings, completion_logprobs, optimize
+from astraflow.train.batch import Batch
+from astraflow.train.logprobs import completion_logprobs
+from astraflow.train.loss import LossConfig
+from astraflow.train.step import StepSettings, optimize
 
 CODEC = CharCodec.default()
 TEMPERATURE = 0.7

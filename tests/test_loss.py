@@ -10,16 +10,10 @@ import torch
 
 from astraflow.models.factory import tiny_llama
 from astraflow.models.tokenizer import CharCodec
-from astraflow.train.loss import (
-    Batch,
-    LossConfig,
-    StepSettings,
-    completion_logprobs,
-    completion_logprobs_reference,
-    optimize,
-    policy_loss,
-    ppo_clip_loss,
-)
+from astraflow.train.batch import Batch
+from astraflow.train.logprobs import completion_logprobs, completion_logprobs_reference
+from astraflow.train.loss import LossConfig, policy_loss, ppo_clip_loss
+from astraflow.train.step import StepSettings, optimize
 
 
 def test_ppo_clip_loss_hand_computed():

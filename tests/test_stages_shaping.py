@@ -18,7 +18,9 @@ from astraflow.data.stages import (
     resolve_stage,
     run_stages,
 )
-from astraflow.train.loss import Batch, LossConfig, StepSettings, optimize, policy_loss
+from astraflow.train.batch import Batch
+from astraflow.train.loss import LossConfig, policy_loss
+from astraflow.train.step import StepSettings, optimize
 
 CTX = StageContext(policy="p", version=10, step=3)
 

@@ -11,7 +11,8 @@ import torch
 from astraflow.config.flow import AlgorithmSpec
 from astraflow.context import RunContext
 from astraflow.train.dist import compute_dtype, resolve_device
-from astraflow.train.trainer import Trainer, lr_schedule
+from astraflow.train.step import lr_schedule
+from astraflow.train.trainer import Trainer
 from tests.runs import seeded_run
 from tests.test_resume import BATCH, fill, params, train
 

@@ -29,7 +29,7 @@ from astraflow.envs.math import MathEnv
 from astraflow.models.codec import load_codec
 from astraflow.models.hf import carried_files, load_policy, save_policy
 from astraflow.rollout.engine import HFEngine
-from astraflow.train.loss import completion_logprobs
+from astraflow.train.logprobs import completion_logprobs
 
 TEMPERATURE = 0.7
 MAX_NEW = 12

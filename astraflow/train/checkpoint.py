@@ -86,7 +86,7 @@ def restore(model: torch.nn.Module, opt: torch.optim.Optimizer, files: dict[str,
 LAYOUT = "dcp-hf"
 """`meta["layout"]` of a checkpoint written by `capture_sharded`."""
 WRAPPER_PREFIX = "policy."
-"""State-dict prefix of the HF model inside `astraflow.train.loss.LogprobModel`; keys are
+"""State-dict prefix of the HF model inside `astraflow.train.logprobs.LogprobModel`; keys are
 stored without it, so a plain model (one process) and a wrapped one share a layout."""
 
 

@@ -1,30 +1,19 @@
-"""The trainer's ranks: device choice, torch.distributed setup, FSDP2 sharding.
+"""The trainer's ranks: device choice and torch.distributed setup.
 
 One trainer is one process, or N processes under `torchrun` (WORLD_SIZE/RANK in the
 environment); the same `astraflow train RUN --policy P` command runs either way.
-
-Who reads the store: rank 0 alone. It polls the trajectory table, runs the stages,
-writes the ledger, progress, metrics and checkpoints' manifests, publishes, and
-broadcasts each step's batch (token ids and per-token tensors, a few MB at most)
-to the other ranks with `broadcast_object_list`. The alternative, every rank
-reading its shard of the same commit range, was rejected: a step's range is
-decided by a poll that races with appending workers, so the ranks would first
-have to agree on it (a broadcast anyway); the stages (staleness by lineage,
-filters, group advantages) need whole groups and may be stateful or random, so
-every rank would have to run them on every row to get the same answer; and one
-reader keeps the exactly-once ledger a single writer's, exactly as with one
-process. The batch is tiny next to the gradients FSDP moves every step.
-
-Each rank then trains on its contiguous share of every minibatch's rows
-(`astraflow.train.loss.optimize` with `ranks`); FSDP2 (`fully_shard`) averages the
-gradients, which the loss pre-scales by the world size so the update equals the
-single-process one over the whole minibatch.
+Rank 0 alone reads the store: it polls the trajectory table, runs the stages, writes
+the ledger, progress, metrics and checkpoint manifests, publishes, and broadcasts each
+step's batch (a few MB) to the other ranks. One reader keeps the exactly-once ledger a
+single writer's and lets stateful or random stages see whole groups once; the batch is
+tiny next to the gradients FSDP2 moves (astraflow/train/fsdp.py trains the shards).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import resource
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,28 +129,10 @@ class Ranks:
                 dist.destroy_process_group()
 
 
-def shard(wrapper: torch.nn.Module, policy: torch.nn.Module, ranks: Ranks,
-          compute: torch.dtype | None) -> None:
-    """FSDP2 over `ranks.mesh`: each decoder layer its own unit (all-gathered just in
-    time, freed after), the embeddings, final norm and (tied) head in the root unit
-    `wrapper`, whose forward runs the whole chunked-logprob pass so FSDP sees every
-    parameter use inside a forward it hooks. Mixed precision: bf16 parameters for
-    compute, float32 gradient reduction, float32 master copies in the optimizer."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mp = (MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
-          if compute is not None else MixedPrecisionPolicy())
-    layers = decoder_layers(policy)
-    for layer in layers:
-        fully_shard(layer, mesh=ranks.mesh, mp_policy=mp)
-    fully_shard(wrapper, mesh=ranks.mesh, mp_policy=mp)
-
-
-def decoder_layers(policy: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks of an HF causal LM (`model.layers` for Llama-like models)."""
-    backbone = policy.get_decoder() if hasattr(policy, "get_decoder") else None
-    layers = getattr(backbone, "layers", None)
-    if layers is None:
-        raise TypeError(f"{type(policy).__name__}: no decoder layers to shard "
-                        f"(expected get_decoder().layers)")
-    return list(layers)
+def peak_memory_mb(device: torch.device) -> dict[str, float]:
+    """The process's peak resident memory so far (MiB; Linux reports ru_maxrss in KiB),
+    and on CUDA the peak the allocator handed out: what a user sizes machines by."""
+    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        out["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out

@@ -1,99 +1,49 @@
 """The trainer: consume trajectories after a cursor, step, publish versions.
 
-    traj_<policy> ──read_after(cursor)──► stages (staleness, filters, advantages)
-         ▲                                     │
-         │ rollout workers append              ▼
-         │                  policy loss (ppo | decoupled) → AdamW step(s)
-         │                                     │ every publish_every steps
-    weights/<policy>/v<N+1>/ ◄──publish────────┘   ledger row + metrics per step
-
-Contract: each step consumes whole commits in the version range
-(cursor, end] and records that range in the ledger with the fate of every row
-(used / stale / filtered). Every `checkpoint_every` steps, and when asked to
-stop (SIGTERM: a spot notice), it checkpoints model, optimizer, RNG, step,
-cursor and weight version. On start it restores the newest complete
-checkpoint (or version 0 and a fresh optimizer when there is none). Steps the
-ledger holds beyond that checkpoint died with the old process: the trainer
-records a rollback voiding them and trains their rows again, so in the
-effective ledger every row is trained exactly once. If weights were published
-from the lost steps, it publishes its restored model as a new version so that
-workers return to the lineage the trainer continues. Staleness is measured by
-lineage, not version numbers (astraflow/train/lineage.py): that republished
-version keeps the depth of the weights it holds, so rows sampled by them stay
-fresh; the lineage record is part of the checkpoint.
-
-Batch sizes: a step consumes whole commits up to `algorithm.step_rows` rows (one
-rollout batch by default) and makes `algorithm.minibatches` optimizer updates
-on them, each accumulated over `micro_batch_rows`-row passes; the ledger sees
-one step either way, so every row is still trained exactly once.
-
-Several policies: one trainer per policy, each on its own table, stages and
-weight stream, at its own pace. With `trainer.version_barrier` a due publish
-waits until every other policy has published the version this one holds (read
-from their progress files); training goes on meanwhile, and the pending
-publish is part of the checkpoint.
-
-Devices and ranks (`trainer.device`, `trainer.precision`, `trainer.ranks`): the model
-trains on the CPU or a GPU, in float32 or bf16 compute over float32 master weights,
-in one process or as N ranks under torchrun with FSDP2 (astraflow/train/dist.py says
-who reads what). With several ranks, rank 0 alone reads the store and writes the
-ledger, progress, metrics, checkpoint manifests and weight versions; every rank
-joins the collectives (each step's update, gathering the full weights to publish,
-sharded checkpoints), on decisions rank 0 broadcasts. Resume is the same path at
-any rank count: a checkpoint written by 2 ranks restores on 1.
+Each step consumes whole commits in the version range (cursor, end] (up to
+`algorithm.step_rows` rows), runs the data stages (astraflow/train/consume.py), makes
+`algorithm.minibatches` optimizer updates through a `Step` (astraflow/train/step.py;
+the FSDP2 one on several ranks), and records the range in the ledger with the fate of
+every row. Every `checkpoint_every` steps, and when asked to stop (SIGTERM: a spot
+notice), it checkpoints model, optimizer, RNG, counters and lineage. On start it
+restores the newest checkpoint (or version 0) and voids the ledger's steps past it, so
+every row is trained exactly once; if lost steps published weights, it republishes
+its own so workers return to its lineage. Several policies: one trainer each; with
+`trainer.version_barrier` a due publish waits until every other policy holds the same
+version. With several ranks, rank 0 alone reads and writes the store
+(astraflow/train/dist.py); every rank joins the collectives on rank 0's decisions.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import resource
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-import numpy as np
 import torch
 
 from astraflow import testing
 from astraflow.context import RunContext
-from astraflow.data.stages import StageContext, run_stages
 from astraflow.models.codec import load_codec
 from astraflow.models.hf import carried_files, load_policy, save_policy
 from astraflow.stores import LedgerEntry, Progress, Slice, replay
 from astraflow.stores.mirror import Mirror
 from astraflow.stores.weights import Manifest
 from astraflow.train import checkpoint
-from astraflow.train.dist import Ranks, compute_dtype, shard
+from astraflow.train.batch import Batch
+from astraflow.train.consume import consume
+from astraflow.train.dist import Ranks, compute_dtype, peak_memory_mb
+from astraflow.train.fsdp import ShardedStep, full_state_dict, shard
 from astraflow.train.lineage import Lineage
-from astraflow.train.loss import Batch, LogprobModel, LossConfig, StepSettings, optimize
+from astraflow.train.logprobs import LogprobModel
+from astraflow.train.step import Step, optimize, step_settings
 
 log = logging.getLogger("astraflow.trainer")
 
 COLUMNS = ["group_id", "behavior_version", "prompt_ids", "completion_ids",
            "behavior_logprobs", "loss_mask", "reward", "task_id", "extras"]
-
-
-def lr_schedule(algo) -> Callable[[int], float] | None:
-    """The learning rate of optimizer update n (`algorithm.lr_warmup_steps`,
-    `lr_schedule`): linear warmup to `lr`, then constant or cosine down to
-    `lr`·`lr_min_ratio`. A pure function of the update count, which checkpoints hold,
-    so a resumed run stays on the curve. None when it is constant from the start."""
-    lr, warm = algo.lr, algo.lr_warmup_steps
-    if warm == 0 and algo.lr_schedule == "constant":
-        return None
-
-    def at(n: int) -> float:
-        if n < warm:
-            return lr * (n + 1) / warm
-        if algo.lr_schedule == "constant":
-            return lr
-        t = min(1.0, (n - warm) / algo.lr_decay_steps)
-        return lr * (algo.lr_min_ratio + (1 - algo.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
-
-    return at
 
 
 @dataclass
@@ -211,7 +161,8 @@ class Trainer:
 
     def _place(self) -> None:
         """Device, precision, gradient checkpointing, and FSDP2 across ranks: `self.module`
-        is what the optimizer steps (the HF model, or its sharded LogprobModel)."""
+        is what the optimizer steps (the HF model, or its sharded LogprobModel), and
+        `self.updater` the Step that trains it (the plain one, or FSDP2's)."""
         algo, device = self.spec.algorithm, self.ranks.device
         self.compute = compute_dtype(self.ctx.flow.trainer.precision, device)
         if self.model.dtype != torch.float32:
@@ -219,13 +170,16 @@ class Trainer:
         if algo.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.updater: Step
         if self.ranks.sharded:
             self.module: torch.nn.Module = LogprobModel(self.model, device)
             shard(self.module, self.model, self.ranks, self.compute)
+            self.updater = ShardedStep(self.ranks)
         else:
             if device.type != "cpu":
                 self.model.to(device)
             self.module = self.model
+            self.updater = optimize
         fraction = self.ctx.flow.trainer.gpu_memory_fraction
         if fraction is not None and device.type == "cuda":
             # A GPU shared with a vLLM worker: past this share, fail here, not there.
@@ -312,31 +266,13 @@ class Trainer:
         payload = None
         if self.main:
             assert sl is not None
-            behavior = sl.rows.column("behavior_version")
-            ctx = StageContext(policy=self.policy, version=self.version, step=self.step,
-                               lineage_staleness=self.lineage.staleness_of(
-                                   self.version, behavior.to_pylist()),
-                               history=partial(self.traj.read_range, self.policy, 0, sl.start))
-            staged = run_stages(sl.rows, ctx, self.stages)
-            rows = staged.rows
-            # Replayed rows (data stages) are extra reuse, not consumption: the ledger
-            # counts only the consumed rows a step used.
-            used, stale, filtered = staged.ledger_counts()
-            lag = ctx.row_staleness(behavior)
-            known = lag[~np.isnan(lag)]
-            metrics.update({
-                "reward_mean": float(torch.tensor(sl.rows.column("reward").to_pylist()).mean()),
-                "trainer_wait_s": wait,
-                "rows_read": sl.num_rows,
-                "rows_used": used,
-                **staged.metrics,
-            })
-            if known.size:  # by lineage (astraflow/train/lineage.py), over the rows read
-                metrics["staleness_mean"] = float(known.mean())
-            if known.size < lag.size:
-                metrics["rows_lineage_unknown"] = float(lag.size - known.size)
-            batch = self._batch(rows) if rows.num_rows > 0 else None
-            payload = (batch, sl.start, sl.end, sl.num_rows, used)
+            got = consume(sl, self.stages, policy=self.policy, version=self.version,
+                          step=self.step, lineage=self.lineage,
+                          history=partial(self.traj.read_range, self.policy, 0, sl.start),
+                          same_weights=self.updates_since_publish == 0)
+            stale, filtered = got.stale, got.filtered
+            metrics.update({"trainer_wait_s": wait, **got.metrics})
+            payload = (got.batch, sl.start, sl.end, sl.num_rows, got.used)
         batch, start, end, rows_read, rows_used = self.ranks.share(payload)
         did_step = batch is not None
         if batch is not None:
@@ -364,7 +300,7 @@ class Trainer:
         self._write_progress()
         metrics["step_time_s"] = time.time() - t0
         metrics["weight_version"] = self.version
-        metrics.update(_peak_memory_mb(self.ranks.device))
+        metrics.update(peak_memory_mb(self.ranks.device))
         if self.main:
             self.ledger.log("trainer", self.policy, result.step, metrics)
         if self.step - self._checkpointed >= self.ctx.flow.trainer.checkpoint_every:
@@ -418,47 +354,20 @@ class Trainer:
             self.checkpoints.prune(self.policy, self.ctx.flow.trainer.keep_checkpoints)
         self.ranks.barrier()
 
-    def _batch(self, rows) -> Batch:
-        """The staged rows as a Batch. Rows sampled by exactly the weights we hold (our
-        version, no update since it was published) measure the engine-vs-trainer
-        logprob mismatch."""
-        comps = rows.column("completion_ids").to_pylist()
-        same_weights = self.updates_since_publish == 0
-        on_policy = [same_weights and v == self.version
-                     for v in rows.column("behavior_version").to_pylist()]
-        return Batch.from_rows(
-            rows.column("prompt_ids").to_pylist(), comps,
-            rows.column("behavior_logprobs").to_pylist(), rows.column("loss_mask").to_pylist(),
-            rows.column("advantage").to_pylist(), on_policy,
-            rows.column("loss_weight").to_pylist() if "loss_weight" in rows.column_names else None)
-
     def _optimize(self, batch: Batch) -> tuple[dict[str, float], int]:
-        """One trainer step's updates on the batch (astraflow.train.loss.optimize, on
-        every rank); returns (metrics, optimizer updates made). Logprobs are taken at the
-        flow's sampling temperature, as the engines record them."""
-        algo = self.spec.algorithm
-        settings = StepSettings(
-            loss=LossConfig(algo.objective, algo.clip_eps, algo.dual_clip, algo.is_cap,
-                            algo.kl_coef),
-            temperature=self.ctx.flow.rollout.temperature, minibatches=algo.minibatches,
-            micro_batch_rows=algo.micro_batch_rows, chunk_tokens=algo.logprob_chunk_tokens,
-            grad_clip=algo.grad_clip, lr=lr_schedule(algo), first_update=self.optimizer_steps,
-            autocast=None if self.ranks.sharded else self.compute,
-            ref_model=self.ref_model)
-        return optimize(self.module, self.opt, batch, self.codec.pad_id, settings, self.ranks)
+        """One trainer step's updates on the batch (on every rank); returns (metrics,
+        optimizer updates made)."""
+        settings = step_settings(
+            self.spec.algorithm, temperature=self.ctx.flow.rollout.temperature,
+            first_update=self.optimizer_steps,
+            autocast=None if self.ranks.sharded else self.compute, ref_model=self.ref_model)
+        return self.updater(self.module, self.opt, batch, self.codec.pad_id, settings)
 
     def _publish(self, parent: int | None = None) -> float:
         t0 = time.time()
         state = None
         if self.ranks.sharded:  # a collective: every rank sends its shards to rank 0
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions,
-                get_model_state_dict,
-            )
-
-            full = get_model_state_dict(self.module, options=StateDictOptions(
-                full_state_dict=True, cpu_offload=True))
-            state = {k.removeprefix(checkpoint.WRAPPER_PREFIX): v for k, v in full.items()}
+            state = full_state_dict(self.module)
         # Lineage: our weights descend from self.version; a new depth only if they carry
         # updates it lacks (a republish of restored weights may not).
         source = self.version if parent is None else parent
@@ -527,11 +436,3 @@ class Trainer:
             self.mirror.stop(timeout=10.0)  # the newest version out to the replicas, if it can
         return self.step
 
-
-def _peak_memory_mb(device: torch.device) -> dict[str, float]:
-    """The process's peak resident memory so far (MiB; Linux reports ru_maxrss in KiB),
-    and on CUDA the peak the allocator handed out: what a user sizes machines by."""
-    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    if device.type == "cuda":
-        out["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-    return out

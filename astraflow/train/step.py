@@ -1,0 +1,226 @@
+"""One trainer step's optimizer updates on a batch: the `Step` protocol and the plain step.
+
+A `Step` takes (model, optimizer, batch, pad id, `StepSettings`) and returns (metrics,
+updates made). `optimize` is the step of one process (CPU or one GPU, optionally under
+autocast); `astraflow.train.fsdp.ShardedStep` is the same step on FSDP2 ranks. The
+trainer picks one from `trainer.ranks`, so the loop never branches on sharding.
+`step_settings` turns a policy's `algorithm` section into `StepSettings`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from astraflow.train.batch import Batch
+from astraflow.train.logprobs import completion_logprobs, device_of
+from astraflow.train.loss import LossConfig, LossStats, Objective, policy_loss
+
+if TYPE_CHECKING:
+    from astraflow.config.flow import AlgorithmSpec
+
+
+@dataclass
+class StepSettings:
+    """How a `Step` cuts a consumed batch: see AlgorithmSpec for each field."""
+
+    loss: LossConfig = field(default_factory=LossConfig)
+    temperature: float = 1.0
+    minibatches: int = 1
+    micro_batch_rows: int | None = None
+    chunk_tokens: int = 1024
+    grad_clip: float = 1.0
+    lr: Callable[[int], float] | None = None
+    """The learning rate of optimizer update number n (counted over the whole run), set
+    on every parameter group before that update; None: the optimizer's own."""
+    first_update: int = 0
+    """The run-wide number of this call's first update (for `lr`)."""
+    autocast: torch.dtype | None = None
+    """One process on mixed precision: forward passes under torch.autocast in this
+    dtype over float32 weights (sharded ranks use FSDP2's policy instead)."""
+    ref_model: torch.nn.Module | None = None
+    """`loss.kl_coef` > 0: the frozen reference policy (eval mode, no grad, on the
+    policy's device); its logprobs are computed per micro-batch without grad, at the
+    same temperature and chunking as the policy's."""
+
+
+class Step(Protocol):
+    """One trainer step's updates on `batch` (every rank holds the same batch);
+    returns (metrics, optimizer updates made)."""
+
+    def __call__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch,
+                 pad_id: int, s: StepSettings) -> tuple[dict[str, float], int]: ...
+
+
+def split(n: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` contiguous, near-equal ranges of range(n) (empty ones dropped)."""
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, pad_id: int,
+             s: StepSettings) -> tuple[dict[str, float], int]:
+    """Train on `batch`: `s.minibatches` optimizer updates over contiguous slices of
+    its rows (one epoch: every row is used exactly once), each accumulated over
+    micro-batches of `s.micro_batch_rows` rows and normalised by the minibatch's
+    unmasked token count (weighted by the rows' loss weights, when the batch has
+    them). Returns (metrics, updates made).
+
+    Decoupled objective: the proximal logprobs are the model's before the first
+    update. With one update they are the micro-batch's own logprobs, detached
+    (no extra forward); with several, one no-grad pass over all rows computes
+    them first. Entropy and the engine-vs-trainer mismatch (mean |trainer −
+    behaviour| logprob over unmasked tokens of `batch.on_policy_rows`) are
+    measured on logprobs computed before any update of this call: all rows when
+    the proximal pass ran, else the first minibatch's rows.
+
+    KL penalty (`s.loss.kl_coef` > 0): every micro-batch also runs `s.ref_model` once
+    without grad for the reference logprobs; one process only.
+    """
+    kl = s.loss.kl_coef > 0
+    if kl and s.ref_model is None:
+        raise ValueError("optimize: loss.kl_coef > 0 needs StepSettings.ref_model")
+    model.train()
+    batch = batch.to(device_of(model))
+    fwd = forward_context(batch, s)
+    rows = len(batch)
+    ranges = split(rows, s.minibatches)
+    many = len(ranges) > 1
+    mb_rows = s.micro_batch_rows or rows
+    off = batch.offsets()
+    proximal: torch.Tensor | None = None
+    entropy_sum, entropy_n = 0.0, 0
+    mismatch_sum, mismatch_n = 0.0, 0
+    if s.loss.objective == "decoupled" and many:
+        with torch.no_grad(), fwd():
+            parts = [completion_logprobs(model, batch.prompts[a:b], batch.completions[a:b], pad_id,
+                                         temperature=s.temperature, chunk_tokens=s.chunk_tokens,
+                                         entropy=True)
+                     for a, b in split(rows, -(-rows // mb_rows))]
+        proximal = torch.cat([p.logprobs for p in parts])
+        ent = torch.cat([p.entropy for p in parts if p.entropy is not None])
+        entropy_sum, entropy_n = float((ent * batch.mask).sum()), int(batch.mask.sum())
+        if batch.on_policy_rows is not None and any(batch.on_policy_rows):
+            sel = batch.token_rows(batch.on_policy_rows) & (batch.mask > 0)
+            mismatch_sum = float((proximal[sel] - batch.behavior_logprobs[sel]).abs().sum())
+            mismatch_n = int(sel.sum())
+    stats = LossStats()
+    grad_norms: list[float] = []
+    for k, (a, b) in enumerate(ranges):
+        mb = batch.select(a, b)
+        # The minibatch's (weighted) unmasked token count: the mean's denominator.
+        n_tokens = float(mb.mask.sum() if mb.weights is None else (mb.mask * mb.weights).sum())
+        if n_tokens == 0:
+            continue  # every token masked (a tool's turn) or weighted 0: nothing to learn
+        opt.zero_grad(set_to_none=True)
+        for ma, mb_end in split(len(mb), -(-len(mb) // mb_rows)):
+            micro = mb.select(ma, mb_end)
+            first_pass = k == 0 and proximal is None
+            with fwd():
+                out = completion_logprobs(model, micro.prompts, micro.completions, pad_id,
+                                          temperature=s.temperature, chunk_tokens=s.chunk_tokens,
+                                          entropy=first_pass)
+            new = out.logprobs
+            if first_pass:
+                assert out.entropy is not None
+                entropy_sum += float((out.entropy * micro.mask).sum())
+                entropy_n += int(micro.mask.sum())
+                if micro.on_policy_rows is not None and any(micro.on_policy_rows):
+                    sel = micro.token_rows(micro.on_policy_rows) & (micro.mask > 0)
+                    mismatch_sum += float((new.detach()[sel] - micro.behavior_logprobs[sel])
+                                          .abs().sum())
+                    mismatch_n += int(sel.sum())
+            if proximal is not None:
+                prox = proximal[off[a + ma] : off[a + mb_end]]
+            else:
+                prox = new.detach()
+            ref = None
+            if kl:
+                assert s.ref_model is not None
+                with torch.no_grad(), fwd():
+                    ref = completion_logprobs(s.ref_model, micro.prompts, micro.completions,
+                                              pad_id, temperature=s.temperature,
+                                              chunk_tokens=s.chunk_tokens).logprobs
+            loss, st = policy_loss(new, micro.behavior_logprobs, micro.advantages, micro.mask,
+                                   s.loss, logp_proximal=prox, normalizer=n_tokens,
+                                   token_weights=micro.weights, logp_ref=ref)
+            loss.backward()
+            stats = stats.merge(st)
+        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)))
+        set_lr(opt, s, len(grad_norms) - 1)
+        opt.step()
+    metrics = step_metrics(stats, s.loss.objective, grad_norms, (entropy_sum, entropy_n),
+                           (mismatch_sum, mismatch_n), kl_ref=kl)
+    return metrics, len(grad_norms)
+
+
+def step_metrics(stats: LossStats, objective: Objective, grad_norms: list[float],
+                 entropy: tuple[float, float], mismatch: tuple[float, float], *,
+                 kl_ref: bool = False) -> dict[str, float]:
+    """A step's metrics from its loss sums, per-update gradient norms, and the (sum,
+    tokens) of entropy and of |trainer − behaviour| logprob on on-policy rows."""
+    metrics = stats.metrics(objective, kl_ref=kl_ref)
+    if grad_norms:
+        metrics["loss"] = stats.loss / len(grad_norms)  # mean of the updates' losses
+        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    if entropy[1]:
+        metrics["entropy"] = entropy[0] / entropy[1]
+    if mismatch[1]:
+        metrics["logp_mismatch"] = mismatch[0] / mismatch[1]
+        metrics["logp_mismatch_tokens"] = float(mismatch[1])
+    return metrics
+
+
+def forward_context(batch: Batch, s: StepSettings) -> Callable[[], contextlib.AbstractContextManager]:
+    """torch.autocast for mixed precision in one process, else nothing."""
+    if s.autocast is None:
+        return contextlib.nullcontext
+    kind = batch.mask.device.type
+    return lambda: torch.autocast(kind, dtype=s.autocast)
+
+
+def set_lr(opt: torch.optim.Optimizer, s: StepSettings, k: int) -> None:
+    """The schedule's rate for this call's k-th update, on every parameter group."""
+    if s.lr is not None:
+        rate = s.lr(s.first_update + k)
+        for g in opt.param_groups:
+            g["lr"] = rate
+
+
+def lr_schedule(algo: AlgorithmSpec) -> Callable[[int], float] | None:
+    """The learning rate of optimizer update n (`algorithm.lr_warmup_steps`,
+    `lr_schedule`): linear warmup to `lr`, then constant or cosine down to
+    `lr`·`lr_min_ratio`. A pure function of the update count, which checkpoints hold,
+    so a resumed run stays on the curve. None when it is constant from the start."""
+    lr, warm = algo.lr, algo.lr_warmup_steps
+    if warm == 0 and algo.lr_schedule == "constant":
+        return None
+
+    def at(n: int) -> float:
+        if n < warm:
+            return lr * (n + 1) / warm
+        if algo.lr_schedule == "constant":
+            return lr
+        t = min(1.0, (n - warm) / algo.lr_decay_steps)
+        return lr * (algo.lr_min_ratio + (1 - algo.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+    return at
+
+
+def step_settings(algo: AlgorithmSpec, *, temperature: float, first_update: int,
+                  autocast: torch.dtype | None = None,
+                  ref_model: torch.nn.Module | None = None) -> StepSettings:
+    """A policy's `algorithm` section as StepSettings; logprobs are taken at the flow's
+    sampling `temperature`, as the engines record them."""
+    return StepSettings(
+        loss=LossConfig(algo.objective, algo.clip_eps, algo.dual_clip, algo.is_cap,
+                        algo.kl_coef),
+        temperature=temperature, minibatches=algo.minibatches,
+        micro_batch_rows=algo.micro_batch_rows, chunk_tokens=algo.logprob_chunk_tokens,
+        grad_clip=algo.grad_clip, lr=lr_schedule(algo), first_update=first_update,
+        autocast=autocast, ref_model=ref_model)
