@@ -213,6 +213,36 @@ def test_paths_named_in_the_readme_and_docs_exist(page):
     assert not missing, f"{_page(page)} names paths that do not exist: {missing}"
 
 
+DOTTED_RE = re.compile(r"`(astraflow(?:\.\w+)+(?::\w+)?)")
+
+
+def _resolves(dotted: str) -> bool:
+    """`astraflow.envs.code:CodeEnv` or `astraflow.context.RunContext.open`: the longest
+    importable module prefix, then attributes."""
+    import importlib
+
+    parts = dotted.replace(":", ".").split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_page)
+def test_dotted_names_in_the_readme_and_docs_resolve(page):
+    """A doc that names `astraflow.x.y` (a module, a class, `module:attr`) names something
+    that imports: a name that moved fails here instead of misleading a reader."""
+    broken = sorted({d for d in DOTTED_RE.findall(page.read_text()) if not _resolves(d)})
+    assert not broken, f"{_page(page)} names what does not import: {broken}"
+
+
 def test_the_readme_indexes_every_docs_guide():
     text = README.read_text()
     guides = [p for p in DOCS if p.parent == REPO / "docs"]
