@@ -11,20 +11,19 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from astraflow.cli.main import app
+from astraflow.cli.app import app
 from astraflow.config.flow import ModelSpec
+from astraflow.models.factory import build_model
 from astraflow.models.hf import (
     CARRIED_FILES,
-    INDEX,
     STORE_SUFFIXES,
-    build_model,
     carried_files,
     load_policy,
-    load_weights_into,
     resolve_dtype,
     save_policy,
     source_files,
 )
+from astraflow.models.weights import INDEX, load_weights_into
 from tests.hf_fixtures import write_bpe_model
 
 IDS = torch.tensor([[5, 17, 42, 99, 7, 3, 120, 64]])

@@ -64,7 +64,8 @@ def test_weights_round_trip_through_the_store(tmp_path, tiny_policy_dir):
     """A published version loads into a running engine in place and changes its output."""
     import shutil
 
-    from astraflow.models.factory import load_policy, save_policy
+    from astraflow.models.factory import save_policy
+    from astraflow.models.hf import load_policy
     from astraflow.stores import WeightStore
 
     ws = WeightStore(tmp_path / "w")

@@ -1,24 +1,26 @@
-"""The tiny Llama: build it from scratch, save it with its character tokenizer.
+"""A policy's version-0 network: the tiny Llama built from scratch, or a pretrained model.
 
-Loading, publishing and weight swaps of every policy, tiny or pretrained, live in
-`astraflow.models.hf` (re-exported here for the tiny call sites): each version is a
-plain HF folder that serves the hf engine, vLLM and any user's
-`AutoModelForCausalLM.from_pretrained`.
+Loading and publishing every later version, tiny or pretrained, is `astraflow.models.hf`;
+the tiny model's character tokenizer is `astraflow.models.tokenizer`.
 """
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from .hf import load_policy, load_weights_into
-from .hf import save_policy as hf_save_policy
-from .tokenizer import ALPHABETS, alphabet_vocab, build_char_tokenizer
+from astraflow.models.hf import from_pretrained, resolve_dtype
+from astraflow.models.hf import save_policy as hf_save_policy
+from astraflow.models.tokenizer import ALPHABETS, alphabet_vocab, build_char_tokenizer
 
-__all__ = ["load_policy", "load_weights_into", "save_policy", "tiny_llama"]
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from astraflow.config.flow import ModelSpec
 
 
 def tiny_llama(
@@ -56,3 +58,19 @@ def save_policy(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast | Non
     with tempfile.TemporaryDirectory(prefix="astraflow-tok-") as tmp:
         tokenizer.save_pretrained(tmp)
         hf_save_policy(model, path, source=tmp)
+
+
+def build_model(spec: ModelSpec, *, seed: int = 0, device: str | torch.device = "cpu"
+                ) -> PreTrainedModel:
+    """The policy's version-0 network: a fresh tiny Llama (seeded), or the pretrained
+    model at `spec.path` in the spec's dtype."""
+    if spec.kind == "tiny":
+        model = tiny_llama(hidden_size=spec.hidden_size, layers=spec.layers, heads=spec.heads,
+                           intermediate_size=spec.intermediate_size, seed=seed,
+                           alphabet=spec.alphabet, max_positions=spec.max_positions)
+        return model.to(device=device, dtype=resolve_dtype(spec.dtype, device))
+    assert spec.path is not None  # ModelSpec refuses hf without a path
+    # A source may still ship pickled weights (pytorch_model.bin): transformers loads
+    # them (safetensors first when both exist), and every version we write is
+    # safetensors. Versions themselves are read with `load_policy`: safetensors only.
+    return from_pretrained(spec.path, dtype=spec.dtype, device=device, use_safetensors=None)

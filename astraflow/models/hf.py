@@ -11,7 +11,6 @@ trainer and vLLM that hold the same version encode a prompt to the same ids.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import torch
-from safetensors import safe_open
 
 from astraflow.models import lora as lora_mod
 
@@ -42,8 +40,6 @@ STORE_SUFFIXES = (".safetensors", ".json", ".txt", ".jinja", ".md")
 #: Shard weights above this size. Small enough for any object store's single PUT and
 #: parallel downloads; large enough that a 1B model is one file.
 DEFAULT_MAX_SHARD_SIZE = "2GB"
-INDEX = "model.safetensors.index.json"
-SINGLE = "model.safetensors"
 
 Dtype = Literal["auto", "float32", "bfloat16"]
 Source = str | Path | Mapping[str, bytes]
@@ -58,24 +54,6 @@ def resolve_dtype(dtype: Dtype | torch.dtype, device: str | torch.device = "cpu"
     if dtype == "auto":
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-
-
-def build_model(spec: ModelSpec, *, seed: int = 0, device: str | torch.device = "cpu"
-                ) -> PreTrainedModel:
-    """The policy's version-0 network: a fresh tiny Llama (seeded), or the pretrained
-    model at `spec.path` in the spec's dtype."""
-    from astraflow.models.factory import tiny_llama
-
-    if spec.kind == "tiny":
-        model = tiny_llama(hidden_size=spec.hidden_size, layers=spec.layers, heads=spec.heads,
-                           intermediate_size=spec.intermediate_size, seed=seed,
-                           alphabet=spec.alphabet, max_positions=spec.max_positions)
-        return model.to(device=device, dtype=resolve_dtype(spec.dtype, device))
-    assert spec.path is not None  # ModelSpec refuses hf without a path
-    # A source may still ship pickled weights (pytorch_model.bin): transformers loads
-    # them (safetensors first when both exist), and every version we write is
-    # safetensors. Versions themselves are read with `load_policy`: safetensors only.
-    return _from_pretrained(spec.path, dtype=spec.dtype, device=device, use_safetensors=None)
 
 
 def source_files(spec: ModelSpec) -> dict[str, bytes]:
@@ -164,20 +142,21 @@ def load_policy(path: str | Path, *, dtype: Dtype | torch.dtype = "auto",
     Without it (engines, evaluation) an adapter version comes back as a plain model
     with the adapter merged into the weights."""
     if lora_mod.is_adapter(path):
-        model = _from_pretrained(lora_mod.base_dir(path), dtype=dtype, device=device,
+        model = from_pretrained(lora_mod.base_dir(path), dtype=dtype, device=device,
                                  use_safetensors=True)
         if lora is not None:
             return lora_mod.load_trainable(model, path, lora).to(device)
         lora_mod.MergedAdapter().apply(model, path, base_loaded=True)
         return model
-    model = _from_pretrained(path, dtype=dtype, device=device, use_safetensors=True)
+    model = from_pretrained(path, dtype=dtype, device=device, use_safetensors=True)
     if lora is not None:
         return lora_mod.wrap(model, lora, source=path).to(device)
     return model
 
 
-def _from_pretrained(path: str | Path, *, dtype: Dtype | torch.dtype, device: str | torch.device,
-                     use_safetensors: bool | None) -> PreTrainedModel:
+def from_pretrained(path: str | Path, *, dtype: Dtype | torch.dtype, device: str | torch.device,
+                    use_safetensors: bool | None) -> PreTrainedModel:
+    """An HF causal LM from a folder or hub id, on `device` in eval mode."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
@@ -185,51 +164,3 @@ def _from_pretrained(path: str | Path, *, dtype: Dtype | torch.dtype, device: st
     model.to(device)
     model.eval()
     return model
-
-
-def weight_files(path: str | Path) -> list[Path]:
-    """The safetensors files of a version: the shards its index names, or the one file."""
-    path = Path(path)
-    if (path / INDEX).is_file():
-        shards = sorted(set(json.loads((path / INDEX).read_text())["weight_map"].values()))
-        missing = [s for s in shards if not (path / s).is_file()]
-        if missing:
-            raise FileNotFoundError(f"{path / INDEX} names shards that are absent: {missing}")
-        return [path / s for s in shards]
-    if (path / SINGLE).is_file():
-        return [path / SINGLE]
-    raise FileNotFoundError(f"no weights in {path}: neither {SINGLE} nor {INDEX}")
-
-
-@torch.no_grad()
-def load_weights_into(model: torch.nn.Module, path: str | Path) -> None:
-    """Swap weights in place from a verified version folder (no model rebuild), one
-    tensor at a time, so peak extra memory is one tensor, not a second model.
-
-    Every parameter and buffer the model saves must be in the files, except those
-    tied to one that is (the LM head of a tied-embedding model, saved once); a
-    name, shape or extra tensor that does not fit raises, naming them all.
-    """
-    params = model.state_dict(keep_vars=True)
-    seen: set[str] = set()
-    unexpected: list[str] = []
-    wrong_shape: list[str] = []
-    for f in weight_files(path):
-        with safe_open(str(f), framework="pt") as st:
-            for name in st.keys():
-                if name not in params:
-                    unexpected.append(name)
-                    continue
-                target = params[name]
-                tensor = st.get_tensor(name)
-                if tuple(tensor.shape) != tuple(target.shape):
-                    wrong_shape.append(f"{name} {tuple(tensor.shape)} vs {tuple(target.shape)}")
-                    continue
-                target.copy_(tensor)
-                seen.add(name)
-    loaded = {params[n].data_ptr() for n in seen}
-    missing = [n for n in params if n not in seen and params[n].data_ptr() not in loaded]
-    if unexpected or missing or wrong_shape:
-        raise RuntimeError(f"weights at {path} do not fit the model: missing {missing}, "
-                           f"unexpected {unexpected}, wrong shape {wrong_shape}")
-

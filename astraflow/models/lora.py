@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import safe_open
 
+from astraflow.models.weights import load_weights_into
+
 if TYPE_CHECKING:
     from astraflow.config.flow import LoraSpec
 
@@ -209,8 +211,6 @@ class MergedAdapter:
               ) -> None:
         """Set `model` to the base of `path` plus its adapter. `base_loaded`: the
         model holds exactly that base already (it was just loaded from it)."""
-        from astraflow.models.hf import load_weights_into
-
         bdir = base_dir(path).resolve()
         if bdir != self.base:
             if not base_loaded:

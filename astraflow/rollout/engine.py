@@ -23,7 +23,8 @@ import torch
 
 from astraflow.models import lora
 from astraflow.models.codec import Codec, load_codec
-from astraflow.models.hf import load_policy, load_weights_into
+from astraflow.models.hf import load_policy
+from astraflow.models.weights import load_weights_into
 
 STOP, LENGTH = "stop", "length"
 

@@ -23,8 +23,10 @@ from rich.console import Console
 from astraflow.config.flow import ModelSpec
 from astraflow.context import RunContext
 from astraflow.models.codec import load_codec
-from astraflow.models.hf import build_model, carried_files, load_weights_into, save_policy
+from astraflow.models.factory import build_model
+from astraflow.models.hf import carried_files, save_policy
 from astraflow.models.hf import source_files as model_source_files
+from astraflow.models.weights import load_weights_into
 from astraflow.stores import WeightError
 from astraflow.train.warm_start import warm_start
 from astraflow.workflows.workload import make_workflow
