@@ -92,7 +92,7 @@ def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as an HF folder, made by the import command once."""
     from typer.testing import CliRunner
 
-    from astraflow.cli.main import app
+    from astraflow.cli.app import app
 
     out = models_cache() / "smollm2-135m-instruct"
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():

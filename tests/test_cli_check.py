@@ -10,7 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from astraflow.cli.main import app
+from astraflow.cli.app import app
 from astraflow.config.flow import load_flow, parse_flow
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))

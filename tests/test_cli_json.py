@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
-from astraflow.cli.main import app
+from astraflow.cli.app import app
 from astraflow.cli.schemas import AUDIT, EPISODE, EVAL, STATUS
 from astraflow.config.flow import parse_flow
 from astraflow.context import RESOLVED, RunContext

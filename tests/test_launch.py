@@ -16,7 +16,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from astraflow.cli.main import app
+from astraflow.cli.app import app
 from astraflow.cloud.launch import LaunchError, build_sky_task, launch, plan
 from astraflow.config.flow import FlowError, load_flow, parse_flow
 
@@ -437,7 +437,7 @@ def test_multi_node_trainer_plan_task_and_dry_run(monkeypatch):
     # The dry run shows nodes and GPUs and builds the 2-node task.
     data = _with_device(data, "cuda", monkeypatch)
     data["launch"]["trainer"] = {"accelerators": ["H100:8"], "nodes": 2}
-    monkeypatch.setattr("astraflow.cli.main._parse_sets", lambda sets: {})
+    monkeypatch.setattr("astraflow.cli.cloud.parse_sets", lambda sets: {})
     monkeypatch.setattr("astraflow.config.flow.load_flow", lambda path, overrides=None: parse_flow(data))
     monkeypatch.setenv("ASTRAFLOW_SKY_CATALOG", str(FIX / "skycat_launch"))
     r = CliRunner().invoke(app, ["launch", str(CLOUD), "--dry-run"])
@@ -483,7 +483,7 @@ def test_dry_run_prices_from_a_fixture_catalog(monkeypatch):
 _NO_SKY = """
 import sys
 sys.modules["sky"] = None  # `import sky` fails as if SkyPilot were not installed
-from astraflow.cli.main import app
+from astraflow.cli.app import app
 app(sys.argv[1:], prog_name="astraflow")
 """
 

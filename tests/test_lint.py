@@ -23,7 +23,7 @@ def test_ruff_clean():
 
 def test_help_is_fast_and_light():
     """`astraflow --help` must not import torch or lancedb (thin entry point)."""
-    code = ("import sys; from astraflow.cli.main import app; "
+    code = ("import sys; from astraflow.cli.app import app; "
             "assert 'torch' not in sys.modules and 'lancedb' not in sys.modules, "
             "[m for m in ('torch', 'lancedb') if m in sys.modules]")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

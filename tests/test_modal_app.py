@@ -161,7 +161,7 @@ def test_image_source_is_what_pyproject_installs(app_mod, tmp_path):
     (wheel,) = (tmp_path / "dist").glob("astraflow-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for mod in ("astraflow/rollout/worker.py", "astraflow/stores/__init__.py",
-                "astraflow/policies/__init__.py", "astraflow/cli/main.py"):
+                "astraflow/policies/__init__.py", "astraflow/cli/app.py"):
         assert mod in names, mod
 
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
-from astraflow.cli.main import app
+from astraflow.cli.app import app
 from astraflow.config.flow import parse_flow
 from astraflow.context import RESOLVED, RunContext, publish_flow
 from astraflow.observe.sinks import MAX_FAILURES, Follower, Point

@@ -28,7 +28,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from astraflow.cli.main import app
+from astraflow.cli.app import app
 from astraflow.context import RESOLVED, RunContext
 from tests.test_integration import FLOW
 from tests.test_kill import stop_run

@@ -576,7 +576,7 @@ def test_the_readme_api_snippet_simulates_and_its_policy_scales(tmp_path, monkey
 def test_scale_cli_refuses_bad_arguments(tmp_path):
     from typer.testing import CliRunner
 
-    from astraflow.cli.main import app
+    from astraflow.cli.app import app
 
     ctx = _run_folder(tmp_path)
     r = CliRunner().invoke(app, ["scale", str(ctx.run_dir), "--backend", "nope"])

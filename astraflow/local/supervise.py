@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +61,7 @@ class Component:
     def start(self, zygote: Zygote | None = None) -> None:
         """Fork from the warm zygote when it is ready, else start a fresh process."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        # The zygote forks `astraflow.cli.main` itself; a launcher prefix needs a fresh process.
+        # The zygote forks the `astraflow` CLI itself; a launcher prefix needs a fresh process.
         self.proc = zygote.fork(self) if zygote is not None and not self.launcher else None
         if self.proc is None:
             self.proc = _spawn(self.argv, self.env(), self.log_path, launcher=self.launcher)
@@ -102,7 +103,7 @@ class ForkedProc:
         return code
 
 
-def _is_component(pid: int, run_dir: Path) -> bool:
+def is_component(pid: int, run_dir: Path) -> bool:
     """Whether `pid` is a live astraflow process of this run (pids get reused). Components
     and the zygote they are forked from name the run folder on their command line."""
     try:
@@ -110,6 +111,30 @@ def _is_component(pid: int, run_dir: Path) -> bool:
     except OSError:
         return False
     return b"astraflow" in cmd and str(run_dir).encode() in cmd
+
+
+def stop_flag() -> Callable[[], bool]:
+    """A `should_stop()` for component loops: true once SIGTERM/SIGINT arrived (finish the
+    step, checkpoint, exit cleanly), or once the launcher that started this process is
+    gone — a SIGKILLed launcher must not leave orphans that a re-run would duplicate."""
+    flag = {"flag": False}
+
+    def handler(signum, _frame):
+        flag["flag"] = True
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    launcher = int(os.environ.get("ASTRAFLOW_LAUNCHER_PID", "0"))
+
+    def should_stop() -> bool:
+        if flag["flag"]:
+            return True
+        if launcher and not pid_alive(launcher):
+            log.warning("launcher (pid %d) is gone; stopping", launcher)
+            flag["flag"] = True
+        return flag["flag"]
+
+    return should_stop
 
 
 def pid_alive(pid: int) -> bool:
@@ -229,7 +254,7 @@ class Supervisor:
             return
         run_dir = self.state_path.parent
         pids = [c["pid"] for c in state.values()
-                if c.get("pid") and _is_component(c["pid"], run_dir)]
+                if c.get("pid") and is_component(c["pid"], run_dir)]
         deadline = time.time() + grace_s
         while pids and time.time() < deadline:
             pids = [p for p in pids if pid_alive(p)]

@@ -84,12 +84,12 @@ class LocalBackend:
         self._children: dict[int, subprocess.Popen] = {}  # ours: reaped, so no zombies
 
     def _alive(self, pid: int) -> bool:
-        from astraflow.local.supervise import _is_component
+        from astraflow.local.supervise import is_component
 
         child = self._children.get(pid)
         if child is not None:
             return child.poll() is None
-        return _is_component(pid, self.run_dir)
+        return is_component(pid, self.run_dir)
 
     def live(self, pool: Pool) -> list[Worker]:
         state = self.state.read()
