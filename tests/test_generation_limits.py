@@ -15,7 +15,8 @@ from astraflow.envs.math import MathEnv, parse_answer
 from astraflow.models.codec import HFCodec
 from astraflow.models.hf import load_policy
 from astraflow.models.tokenizer import CharCodec
-from astraflow.rollout.engine import HFEngine, PromptTooLong
+from astraflow.rollout.engine import HFEngine
+from astraflow.rollout.generation import PromptTooLong
 from astraflow.rollout.worker import RolloutWorker
 from tests.runs import seeded_run
 

@@ -21,7 +21,7 @@ from astraflow.envs import build_env, resolve_env
 from astraflow.envs.base import Limits, Task, ToolResult
 from astraflow.envs.search import RELATIONS, SearchEnv
 from astraflow.models.tokenizer import CharCodec
-from astraflow.rollout.engine import Generation
+from astraflow.rollout.generation import Generation
 from astraflow.workflows.tool_agent import ToolAgent
 from astraflow.workflows.workload import make_env, make_workflow
 
@@ -462,7 +462,8 @@ def test_turn_stop_strings_on_the_hf_engine_and_cut_after_the_fact_elsewhere():
     import torch
 
     from astraflow.models.factory import tiny_llama
-    from astraflow.rollout.engine import HFEngine, generate_with_stops
+    from astraflow.rollout.engine import HFEngine
+    from astraflow.rollout.generation import generate_with_stops
 
     torch.manual_seed(0)
     codec = CharCodec.default()

@@ -52,7 +52,7 @@ import torch
 
 from astraflow.models import lora
 from astraflow.models.codec import Codec, load_codec
-from astraflow.rollout.engine import LENGTH, STOP, Generation, check_prompts
+from astraflow.rollout.generation import LENGTH, STOP, Generation, check_prompts
 
 
 class VLLMEngine:

@@ -43,7 +43,8 @@ import torch
 
 from astraflow.context import RunContext
 from astraflow.models.codec import Codec
-from astraflow.rollout.engine import Engine, Generation, generate_with_stops, make_engine
+from astraflow.rollout.engine import make_engine
+from astraflow.rollout.generation import Engine, Generation, generate_with_stops
 from astraflow.rollout.sampler import TaskSampler
 from astraflow.stores import Progress, TamperedWeights, WeightError
 from astraflow.workflows import Workflow

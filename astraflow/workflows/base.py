@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 if TYPE_CHECKING:  # flow validation resolves workflows: keep torch/transformers out of it
     from astraflow.envs.base import Env
     from astraflow.models.codec import Codec
-    from astraflow.rollout.engine import Generation
+    from astraflow.rollout.generation import Generation
 
 
 @dataclass

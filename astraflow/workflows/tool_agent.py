@@ -54,7 +54,7 @@ from astraflow.workflows.base import Actor, Demo, EvalItem, Part, Workflow
 if TYPE_CHECKING:
     from astraflow.envs.base import Env
     from astraflow.models.codec import Codec
-    from astraflow.rollout.engine import Generation
+    from astraflow.rollout.generation import Generation
 
 #: generate(prompts, samples, max_new_tokens) -> Generation, ending turns at TURN_STOPS.
 GenerateFn = Callable[[list[list[int]], int, int], "Generation"]
@@ -363,7 +363,7 @@ class ToolAgent(Workflow):
 
     def score(self, role: str, engine: Any, items: list[EvalItem], batch: int = 500) -> float:
         """Fraction of items whose greedy episode (tools and all) ends in a right answer."""
-        from astraflow.rollout.engine import generate_with_stops
+        from astraflow.rollout.generation import generate_with_stops
 
         def generate(prompts: list[list[int]], samples: int, max_new: int) -> Generation:
             return generate_with_stops(engine, prompts, TURN_STOPS, max_new_tokens=max_new,
