@@ -339,7 +339,7 @@ def test_the_readme_workflow_plays_a_batch(mypkg):
 
     from astraflow.envs.math import MathEnv
     from astraflow.models.tokenizer import CharCodec
-    from astraflow.rollout.engine import Generation
+    from astraflow.rollout.generation import Generation
     from astraflow.workflows import resolve_workflow
     from astraflow.workflows.base import Workflow
 
