@@ -1,26 +1,18 @@
 """The environment API: tasks with a held-out split, tools, reward and limits.
 
 An environment is everything about a workload that is not the model: what a task
-says, which tools the model may call during an episode, how an answer is scored,
-and when an episode must end. Workflows (astraflow.workflows) play episodes on an
-`Env`; the flow names one by a built-in name or `module:attr`, as it names
-workflows.
-
-The action format is shared by every environment so one multi-turn actor serves
-them all. A model turn ends at a stop string; its text holds at most one action:
+says, which tools the model may call, how an answer is scored, and when an episode
+must end. Workflows play episodes on an `Env`; the flow names one by a built-in name
+or `module:attr`. One action format serves every environment; a turn ends at a stop
+string and holds at most one action:
 
     <call>NAME ARGUMENT</call>     a tool call (the turn ends at `</call>`)
     <answer>TEXT</answer>          the final answer (the episode ends)
 
-Tool output comes back to the model as context it did not sample (loss mask 0):
-tagged `<tool>…</tool>` for the tiny character model, a message through the chat
-template for chat models. The tags are short on purpose: the tiny model writes
-them one character at a time.
-
-Tools are plain blocking callables. The actor runs the calls of one batch
-concurrently, each under its own timeout, so a slow tool delays only its own
-episode; a tool that needs isolation (running a program) does it itself, in a
-subprocess, never in the worker's process.
+Tool output comes back as context the model did not sample (loss mask 0), rendered by
+the codec. Tools are plain blocking callables; the actor runs a batch's calls
+concurrently under their own timeouts, and a tool that needs isolation (running a
+program) does it itself, in a subprocess.
 """
 
 from __future__ import annotations

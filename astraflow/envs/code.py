@@ -2,19 +2,12 @@
 of the task's hidden tests it passes.
 
 Tasks come from a dozen parameterised families ("f(xs): the sum of the numbers in xs
-divisible by 3", "f(s): s with every 'a' replaced by 'e'", ...), a few thousand distinct
-tasks, each solved by one short expression, `f=lambda xs:sum(x for x in xs if x%3==0)`,
-short enough for the tiny character model. A hash of the task key holds a slice out
-for evaluation (`split.py`).
-
-Hidden tests (inputs and expected outputs, in `Task.data`) are computed in the worker
-from a trusted reference function, never from the answer's text. Grading runs the
-answer in the sandbox (`sandbox.py`) on the inputs only and compares what it returns,
-printed as JSON on a line tagged with a per-run nonce, with the expected outputs here:
-the expected values never enter the sandbox, so a program cannot print its way to a
-score without computing the answers.
-
-Tools: `<call>run CODE</call>` runs CODE in the sandbox and shows its output (or the
+divisible by 3", ...), each solved by one short expression; a hash of the task key
+holds a slice out for evaluation (`split.py`). Hidden tests are computed in the worker
+from a trusted reference function. Grading runs the answer in the sandbox
+(`sandbox.py`) on the inputs only and compares what it prints (JSON on a line tagged
+with a per-run nonce) with the expected outputs here, which never enter the sandbox.
+Tool: `<call>run CODE</call>` runs CODE in the sandbox and shows its output (or the
 last line of its error), so the model can try its function before it answers.
 """
 

@@ -1,19 +1,14 @@
 """Synthetic arithmetic in three styles, one held-out split.
 
   * `compact` (the tiny character model): `a+b=` with zero-padded operands
-    (`042+917=`), so every prompt has the same length and a batch needs no
-    padding; reward 1 for the exact answer and nothing else.
+    (`042+917=`), so a batch needs no padding; reward 1 for the exact answer.
   * `question` (chat models): "What is 59 + 7? Reply with only the number."
-  * `word` (chat models): a short word problem ("Sam has 59 marbles and finds 7
-    more. How many marbles does Sam have now?"), the template picked by a hash
-    of the task, so a task always reads the same.
-  For `question` and `word` a chatty model may answer in a sentence: the reward
-  parses the answer from free text — the content of the last `\boxed{…}` if
-  there is one, else the last integer in the text.
+  * `word` (chat models): a short word problem, its template picked by a hash of
+    the task. The reward parses the answer from free text: the last `\\boxed{…}`,
+    else the last integer.
 
-A fixed slice of the task space is held out for evaluation by a hash of the
-task, so training never draws an evaluation task and no list needs to be
-shared between processes.
+A fixed slice of the task space is held out for evaluation by a hash of the task, so
+training never draws an evaluation task and no list is shared between processes.
 """
 
 from __future__ import annotations

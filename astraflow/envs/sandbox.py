@@ -1,41 +1,14 @@
 """Run an untrusted Python program where it can do no harm, and return what it printed.
 
 Programs the model writes (the code workload's `run` tool and its grading) never run
-in the worker's process. Each run is one bubblewrap (`bwrap`) sandbox, the tool
-Flatpak uses for the same job, started as its own unprivileged user:
-
-    worker (root) ── Popen(user=U, start_new_session) ──> bwrap  [new session/pgid]
-        └─ bwrap init (pid 1 of a new pid namespace) ─> prlimit ─> python3 -I -S main.py
-
-  * namespaces: `--unshare-all` (user, pid, net, ipc, uts, cgroup). The new network
-    namespace has only its own loopback, so nothing outside is reachable, not even
-    the host's 127.0.0.1. `--disable-userns` forbids nested user namespaces.
-  * files: a fresh root holding only `/usr` read-only (with Debian's `/bin`, `/lib`
-    links), a private `/dev` and `/proc`, and the working directory: a new tmpfs of
-    `disk_mb` at `/sandbox`, the program copied in. It vanishes with the sandbox (no
-    host directory to clean up), and its size caps what a program can write in total;
-    everything else is read-only or absent (the host's /tmp, /root, /work are not there).
-  * limits (setrlimit through util-linux `prlimit`): CPU seconds, address space, file
-    size, processes, no core files. Python ignores SIGXFSZ, so an oversized write
-    fails with EFBIG instead of killing the program.
-  * processes: root is exempt from RLIMIT_NPROC, so the sandbox runs as an unprivileged
-    uid chosen per run (`uid_base + pid * 256 + slot`, unique on the machine while the
-    run lasts): the process limit then holds, per run, and concurrent runs never
-    share one count (a fork bomb in one cannot starve another).
-  * killing: on timeout (wall clock) or when the output cap is hit, SIGKILL goes to
-    bwrap's init, pid 1 of the run's pid namespace: the kernel kills every process in
-    the namespace, including ones that left the process group (setsid), and init and
-    bwrap exit only when all are gone; then to the run's process group. The call
-    returns only after bwrap has exited, so nothing of the run is left running.
-  * a dying worker takes its sandboxes along: `--die-with-parent` sets
-    PR_SET_PDEATHSIG=SIGKILL on bwrap and its init. PDEATHSIG fires when the *thread*
-    that started the child exits, not the process; the starting thread is the one
-    blocked in `run_python` until the sandbox ends, so it cannot exit first.
-
-What it does not bound: memory across processes (RLIMIT_AS is per process, so at
-most `nproc * memory_mb`, plus the tmpfs), CPU across processes (per process, so up
-to `nproc * cpu_s` within the wall-clock timeout). A cgroup would; this container's
-cgroup v1 is not delegated, so it is not used.
+in the worker's process. Each run is one bubblewrap (`bwrap`) sandbox started as its
+own unprivileged uid: new namespaces (no network, not even the host's loopback), a
+fresh root with only `/usr` read-only and a `disk_mb` tmpfs working directory,
+setrlimit limits (CPU, address space, file size, processes), and on a timeout or the
+output cap a SIGKILL to the pid namespace's init, so nothing of a run outlives the
+call; `--die-with-parent` takes the sandboxes along when a worker dies. Memory and
+CPU are bounded per process, not across a run's processes (no delegated cgroup here).
+The comment above `run_python` gives each mechanism in detail.
 """
 
 from __future__ import annotations
@@ -179,6 +152,40 @@ def command(limits: SandboxLimits, program_fd: int, argv: list[str]) -> list[str
     ]
 
 
+# How a run is contained:
+#
+#     worker (root) ── Popen(user=U, start_new_session) ──> bwrap  [new session/pgid]
+#         └─ bwrap init (pid 1 of a new pid namespace) ─> prlimit ─> python3 -I -S main.py
+#
+#   * namespaces: `--unshare-all` (user, pid, net, ipc, uts, cgroup). The new network
+#     namespace has only its own loopback, so nothing outside is reachable, not even
+#     the host's 127.0.0.1. `--disable-userns` forbids nested user namespaces.
+#   * files: a fresh root holding only `/usr` read-only (with Debian's `/bin`, `/lib`
+#     links), a private `/dev` and `/proc`, and the working directory: a new tmpfs of
+#     `disk_mb` at `/sandbox`, the program copied in. It vanishes with the sandbox (no
+#     host directory to clean up), and its size caps what a program can write in total;
+#     everything else is read-only or absent (the host's /tmp, /root, /work are not there).
+#   * limits (setrlimit through util-linux `prlimit`): CPU seconds, address space, file
+#     size, processes, no core files. Python ignores SIGXFSZ, so an oversized write
+#     fails with EFBIG instead of killing the program.
+#   * processes: root is exempt from RLIMIT_NPROC, so the sandbox runs as an unprivileged
+#     uid chosen per run (`uid_base + pid * 256 + slot`, unique on the machine while the
+#     run lasts): the process limit then holds, per run, and concurrent runs never
+#     share one count (a fork bomb in one cannot starve another).
+#   * killing: on timeout (wall clock) or when the output cap is hit, SIGKILL goes to
+#     bwrap's init, pid 1 of the run's pid namespace: the kernel kills every process in
+#     the namespace, including ones that left the process group (setsid), and init and
+#     bwrap exit only when all are gone; then to the run's process group. The call
+#     returns only after bwrap has exited, so nothing of the run is left running.
+#   * a dying worker takes its sandboxes along: `--die-with-parent` sets
+#     PR_SET_PDEATHSIG=SIGKILL on bwrap and its init. PDEATHSIG fires when the *thread*
+#     that started the child exits, not the process; the starting thread is the one
+#     blocked in `run_python` until the sandbox ends, so it cannot exit first.
+#
+# What it does not bound: memory across processes (RLIMIT_AS is per process, so at
+# most `nproc * memory_mb`, plus the tmpfs), CPU across processes (per process, so up
+# to `nproc * cpu_s` within the wall-clock timeout). A cgroup would; this container's
+# cgroup v1 is not delegated, so it is not used.
 def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *, stdin: str = "",
                argv: list[str] | None = None, marker: str | None = None) -> RunResult:
     """Run `code` as a Python program in a fresh sandbox; blocks until it ended or was

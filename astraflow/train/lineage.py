@@ -1,34 +1,16 @@
 """Staleness by lineage: how many trained versions separate a row's weights from ours.
 
-Version numbers are not a clock of training. After a rollback the trainer
-republishes its restored model as a new version (v7 with parent v3, say):
-rows sampled by v3, or by v7, come from exactly the weights the trainer holds,
-yet `7 − 3` would call the v3 rows four versions stale. And the versions lost
-with the rolled-back steps (v4..v6) sit on a dead branch: by number they look
-*fresher* than v3, by lineage they are as far from us as their distance
-through the fork point.
-
-So every version carries a *depth* (`Manifest.lineage`): the number of trained
-versions on its ancestry. A trainer's publish after new updates has depth
-parent + 1; a republish of restored weights carrying no update since the
-version they were published as keeps that version's depth (+1 if the
-checkpoint holds updates that version lacks). The staleness of a row is its
-distance in the lineage tree to the trainer's current version:
-
-    depth(current) − depth(fork) + depth(behaviour) − depth(fork)
-
-where fork is the nearest ancestor of the behaviour version that is also an
-ancestor of (or is) the current one. Without rollbacks this is exactly
-`current − behaviour`, the old definition.
-
-Resolution: the trainer knows the versions it published (kept in its
-checkpoint, so they survive restarts); any other version is read from its
-manifest once and cached. A version whose manifest was pruned and which the
-trainer never recorded cannot be placed: its rows get staleness None, which
-the staleness stage drops as stale (we cannot bound how far such weights are;
-in practice these are dead-branch versions pruned before a restart). A
-manifest written before lineage existed counts its version number as its
-depth, which reproduces the old definition for old runs.
+Version numbers are not a clock of training: after a rollback the trainer republishes
+its restored model as a new version (v7 with parent v3), so v3's rows are fresh while
+the lost v4..v6 sit on a dead branch. Every version therefore carries a *depth*
+(`Manifest.lineage`, trained versions on its ancestry; a republish without new
+updates keeps its source's depth), and a row's staleness is its distance in the
+lineage tree to the trainer's version,
+depth(current) − depth(fork) + depth(behaviour) − depth(fork),
+which without rollbacks is `current − behaviour`. The trainer's own versions live in
+its checkpoint; others are read from their manifests once. A version that cannot be
+placed (manifest pruned, never recorded) gets staleness None, which the staleness
+stage drops; a pre-lineage manifest counts its version number as its depth.
 """
 
 from __future__ import annotations

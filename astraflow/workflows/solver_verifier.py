@@ -1,37 +1,17 @@
 """`solver_verifier`: a solver answers; one or more verifiers judge the answer by
 working it out again.
 
-    task "42+17="  ──solver (k samples)──► "58"             reward: the answer is right
-                     env wait (one turn)
-    for each answer, each verifier:
-      "42+17="     ──verifier──► "59"                       its own working of the sum
-      ";58?N"      the workflow's comparison tool: the shown answer against the
-                   verifier's, verdict Y iff they agree (here N)
-                     env wait (one turn; the verifiers judge concurrently)
-    verifier reward: 1 for a right verdict (Y for a right answer, N for a wrong one)
-                     reached by a right working, else 0
+    task "42+17=" ──solver (k samples)──► "58"          reward: the answer is right
+    each verifier: "42+17=" ──► "59" (its own working), then the comparison tool
+                   ";58?N" (Y iff the two agree)         reward: right verdict from a
+                                                         right working, else 0
 
-Verification by recomputation, with the comparison done by a tool, because a
-~1 M-parameter character model did not learn to compare digit strings within a
-warm-start budget here: judging `042+917=959?` with one token stayed at chance
-for 900 supervised steps; marking the shown answer digit by digit against its
-own stayed at 60% after 600 steps on 2-digit sums; even a bare "are these two
-numbers equal" task took 300+ steps to leave chance. So what the verifier
-learns is its working, and a verdict earns reward only with a right working
-behind it: rewarding any right verdict (even weighted so that both classes
-count equally) taught it to disagree with the solver, whose slips it shared
-from their common version 0, and its working fell from 7.5% to 1.9% right.
-With this reward its learning signal is its working's correctness — it is,
-honestly, a second solver whose answers are used to judge the first one's. A
-verifier warm-started from the solver's version 0 (`warm_start.init_from:
-solver`) starts with the solver's arithmetic.
-
-Rows: the solver's part is its answer (mask all 1). A verifier's part is its
-own working (mask 1) followed by the tool's transcript `;58?N` (mask 0: it only
-reads it). Held-out judgement accuracy is measured on a fixed, balanced set:
-for each held-out task either the right answer or a near miss (one digit
-changed, or off by 1, 10 or 100: the slips a solver makes), so a verifier that
-calls everything wrong (or right) scores 50%.
+The comparison is a tool because the tiny character model did not learn to compare
+digit strings within a warm-start budget, and rewarding any right verdict taught the
+verifier to disagree with the solver; so the verifier learns its working. Rows: the
+solver's answer (mask 1); the verifier's working (mask 1) then the tool transcript
+(mask 0). Held-out judgement accuracy uses a balanced set of right answers and near
+misses, so a verifier that calls everything wrong (or right) scores 50%.
 """
 
 from __future__ import annotations

@@ -3,29 +3,12 @@
     prompt ──► model turn (ends at `</call>` or `</answer>`) ──► tool call (a thread)
            ──► tool output (read, loss mask 0) ──► model turn ──► … ──► `<answer>`
 
-Each episode's context grows turn by turn. Only unfinished episodes generate,
-and only those not waiting on a tool: the calls run on a thread pool, each under
-its own timeout, and an episode whose tool is slow sits out the next generation
-rounds while the others go on (it rejoins as soon as its result is back). So a
-slow tool delays only its own episode. After a round, the actor waits for the
-batch's outstanding calls at most about as long as the first one took, so fast
-tools still batch their next turns together.
-
-An episode ends with a recorded reason (the row's `finish_reason`):
-  answer     the model wrote `<answer>…</answer>` (the reward scores it)
-  no_action  a turn ended (stop id) with neither a call nor an answer
-  length     a turn was cut at `rollout.max_new_tokens` with neither
-  max_turns  the model called a tool on its last allowed turn
-  context    the context reached `max_context_tokens`
-  timeout    the episode ran past `episode_timeout_s` (tool calls included)
-Only `answer` can earn reward; an env with `reward_episode` (`envs.base.EpisodeReward`)
-grades the answer together with the calls the episode made. Rows also record `turns`, `tool_calls`,
-`tool_errors` (failed calls: unknown tool, exception, timeout), `tool_s` (seconds
-in its tool calls) and `episode_s` (its wall-clock time, tool calls included).
-
-Tool output enters the context rendered by the codec (`encode_tool_turn`):
-`<tool>…</tool>` for the tiny character model, a `user` message through the
-chat template for chat models; its tokens carry loss mask 0 and logprob 0.
+Only unfinished episodes not waiting on a tool generate: calls run on a thread pool
+under their own timeouts, so a slow tool delays only its own episode. An episode ends
+with a `finish_reason`: answer, no_action, length, max_turns, context or timeout; only
+`answer` earns reward (an env with `reward_episode` also grades the calls made). Rows
+record turns, tool calls and errors, tool and episode seconds. Tool output enters the
+context rendered by the codec (`encode_tool_turn`) with loss mask 0 and logprob 0.
 Evaluation (`score`) plays the same episodes greedily with the same tools.
 """
 
