@@ -27,6 +27,8 @@ import pyarrow as pa
 
 from astraflow.stores import _lance, retry
 from astraflow.stores.objects import ObjectStore
+from astraflow.stores.read import Cursor, Held, read_after, sql_str
+from astraflow.stores.schema import CREATED_AT_VERSION
 
 LEDGER_SCHEMA = pa.schema(
     [
@@ -160,14 +162,14 @@ class Ledger:
 
     def history(self, policy: str | None = None) -> list[LedgerEntry]:
         """Every ledger row, rollbacks included, in commit order."""
-        flt = None if policy is None else f"policy = '{_lance.sql_str(policy)}'"
+        flt = None if policy is None else f"policy = '{sql_str(policy)}'"
 
         def read() -> pa.Table:
             ds = _lance.latest_dataset(self.ledger)
-            return ds.to_table(filter=flt, columns=[*LEDGER_SCHEMA.names, _lance.CREATED_AT_VERSION])
+            return ds.to_table(filter=flt, columns=[*LEDGER_SCHEMA.names, CREATED_AT_VERSION])
 
         rows = self._read(read, "reading the ledger").to_pylist()
-        rows.sort(key=lambda r: (r[_lance.CREATED_AT_VERSION], r["time"]))
+        rows.sort(key=lambda r: (r[CREATED_AT_VERSION], r["time"]))
         return [LedgerEntry(**{k: r[k] for k in LEDGER_SCHEMA.names}) for r in rows]
 
     def entries(self, policy: str | None = None) -> list[LedgerEntry]:
@@ -226,8 +228,18 @@ class Ledger:
     def read_metrics(self, *, since: float = 0.0, names: list[str] | None = None) -> pa.Table:
         flt = f"time > {since!r}"
         if names:
-            flt += " AND name IN (" + ", ".join(f"'{_lance.sql_str(n)}'" for n in names) + ")"
+            flt += " AND name IN (" + ", ".join(f"'{sql_str(n)}'" for n in names) + ")"
         return self._read(lambda: _lance.latest_dataset(self.metrics).to_table(filter=flt),
+                          "reading metrics")
+
+    def metrics_after(self, cursor: Cursor, held: Held | None = None
+                      ) -> tuple[Cursor, pa.Table | None]:
+        """The metrics rows committed after `cursor`, with their commit version: (new
+        cursor, rows), or (new cursor, None) when nothing is new (`read.read_after`: one
+        read, of the fragments written since). `held`: the follower's `Held(self.metrics)`,
+        for a cheaper poll."""
+        table = held if held is not None else self.metrics
+        return self._read(lambda: read_after(table, cursor, METRICS_SCHEMA.names),
                           "reading metrics")
 
     def maintain(self) -> None:

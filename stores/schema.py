@@ -13,9 +13,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from astraflow.stores._lance import SchemaMismatch
+from astraflow.stores.retry import StoreError
 
 SCHEMA_VERSION = 1
+#: Row-creation version column Lance maintains when stable row ids are on: the table
+#: version that committed each row, which every cursor of the store counts in.
+CREATED_AT_VERSION = "_row_created_at_version"
+
+
+class SchemaMismatch(StoreError, ValueError):
+    """A batch does not match the table's contract; the message names the column."""
+
 
 TRAJECTORY_SCHEMA = pa.schema(
     [

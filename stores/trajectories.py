@@ -1,6 +1,5 @@
 """Trajectory tables: one LanceDB table per policy, read by version cursor.
-
-Contract (DESIGN.md, "Trajectory tables"):
+Contract:
 
     writer:  append(rows)            -> the batch committed whole in one table version,
                                         by the writer itself, or (when it lost the
@@ -12,13 +11,8 @@ Contract (DESIGN.md, "Trajectory tables"):
                                         a checkout of V; the new cursor is V
 
 A consumer that remembers only its cursor (a table version) can restart at any
-time and continue exactly where it stopped: no row twice, none skipped.
-
-`write_mode="auto"` (this class's default, and a flow's on a local path) commits a
-lone writer's batch itself and stages on a lost race; `"staged"` (a flow's default on
-S3: `RunContext.write_mode`) never commits from a writer (the trainer's read commits
-every batch: fastest on S3); `"direct"` is the old one-`table.add`-per-batch path.
-Numbers in README, "The trajectory store at scale".
+time and continue exactly where it stopped: no row twice, none skipped (DESIGN.md,
+"Trajectory tables"). Write modes: see `WriteMode`.
 """
 
 from __future__ import annotations
@@ -32,12 +26,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from astraflow.stores import _lance, retry
-from astraflow.stores.schema import TRAJECTORY_SCHEMA, to_table
+from astraflow.stores.read import Cursor, Held, read_after, sql_str
+from astraflow.stores.schema import CREATED_AT_VERSION, TRAJECTORY_SCHEMA, SchemaMismatch, to_table
 from astraflow.stores.staging import Staging, crash_point
 from astraflow.stores.uri import lance_storage_options
 
 #: auto (the default): commit one's own batch, stage it when that loses a race;
-#: staged (`store.write_mode: staged`): always stage; direct: one
+#: staged (`store.write_mode: staged`, a flow's default on S3): always stage, and the
+#: trainer's read commits every batch (fastest on S3); direct: one
 #: `table.add` per batch retried through conflicts (the old path, `store.write_mode:
 #: direct` in a flow). Readers commit staged batches whatever their own mode, so
 #: writers of either mode may share a table.
@@ -77,7 +73,7 @@ def _row_key(rows: pa.Table) -> pa.Array:
     """`traj_id@created version`: one row in both tables mid-retirement has the same key;
     a row committed twice (a bug the audit must see) has two versions, so two keys."""
     return pc.binary_join_element_wise(
-        rows.column("traj_id"), pc.cast(rows.column(_lance.CREATED_AT_VERSION), pa.string()),
+        rows.column("traj_id"), pc.cast(rows.column(CREATED_AT_VERSION), pa.string()),
         "@").combine_chunks()
 
 
@@ -94,7 +90,7 @@ class TrajectoryStore:
         self._staging: dict[str, Staging] = {}
         self._facts: dict[str, _lance.FragmentFacts] = {}
         self._archives: dict[str, Any] = {}
-        self._held: dict[str, _lance.Held] = {}
+        self._held: dict[str, Held] = {}
 
     def table(self, policy: str) -> Any:
         if policy not in self._tables:
@@ -124,16 +120,14 @@ class TrajectoryStore:
 
     def newest(self, policy: str) -> Any:
         """The newest committed version of the table's Lance dataset, through a dataset
-        held between calls (`_lance.Held`): a poll that finds nothing new lists the
-        versions once (one LIST on S3) instead of reopening the table
-        (`_lance.latest_dataset`), and a new version loads only its manifest. Locally
-        an idle `read_after` poll went from 1.0-1.2 to 0.15 ms of CPU (README, "Where a
-        local long-row append's time goes"). Call inside `retry.call`."""
+        held between calls (`read.Held`): a poll that finds nothing new lists the
+        versions once (one LIST on S3) instead of reopening the table, and a new
+        version loads only its manifest. Call inside `retry.call`."""
         return self._holder(policy).latest()
 
-    def _holder(self, policy: str) -> _lance.Held:
+    def _holder(self, policy: str) -> Held:
         if policy not in self._held:
-            self._held[policy] = _lance.Held(self.table(policy))
+            self._held[policy] = Held(self.table(policy))
         return self._held[policy]
 
     def staging(self, policy: str) -> Staging:
@@ -167,10 +161,10 @@ class TrajectoryStore:
         (`stores.staging`), and counted as backlog until then."""
         batch = to_table(rows)
         if batch.num_rows == 0:
-            raise _lance.SchemaMismatch(f"refusing an empty batch for table {table_name(policy)!r}")
+            raise SchemaMismatch(f"refusing an empty batch for table {table_name(policy)!r}")
         wrong = set(batch.column("policy").to_pylist()) - {policy}
         if wrong:
-            raise _lance.SchemaMismatch(
+            raise SchemaMismatch(
                 f"column 'policy' holds {sorted(wrong)} but the batch goes to table "
                 f"{table_name(policy)!r}"
             )
@@ -178,7 +172,7 @@ class TrajectoryStore:
         first = batch.column("traj_id")[0].as_py()
 
         def landed() -> bool:  # the batch's first row is already in the table (or retired)
-            flt = f"traj_id = '{_lance.sql_str(first)}'"
+            flt = f"traj_id = '{sql_str(first)}'"
             if _lance.latest_dataset(table).count_rows(filter=flt) > 0:
                 return True
             arch = self.archive(policy)  # read after the table: see `scan`
@@ -253,10 +247,29 @@ class TrajectoryStore:
             ds = self.newest(policy)
             if int(ds.version) <= cursor:
                 return 0
-            return _lance.scan_after(ds, cursor, columns=[_lance.CREATED_AT_VERSION],
+            return _lance.scan_after(ds, cursor, columns=[CREATED_AT_VERSION],
                                      facts=self.fragment_facts(policy)).num_rows
 
         return staged + self._read(policy, read, "backlog count")
+
+    def follow(self, policy: str, held: Held, cursor: Cursor, columns: list[str], *,
+               tail: tuple[list[str], int] | None = None) -> tuple[Cursor, pa.Table | None]:
+        """A follower's read of the live table through its own `held` one
+        (`read.read_after`): the rows committed after `cursor`, with their version.
+        Commits nothing staged: only the consumer's `read_after` does."""
+        return self._read(policy, lambda: read_after(held, cursor, columns, tail=tail), "read")
+
+    def retired(self, policy: str, columns: list[str], *, below: int | None = None
+                ) -> pa.Table | None:
+        """`columns` of the rows retired from the live table (`retire`), with their
+        created version in ARCHIVED_VERSION, only those created before `below` when
+        given; None when nothing was ever retired."""
+        arch = self.archive(policy)
+        if arch is None:
+            return None
+        flt = None if below is None else f"{ARCHIVED_VERSION} < {int(below)}"
+        return self._read(policy, lambda: _lance.latest_dataset(arch).to_table(
+            columns=[*columns, ARCHIVED_VERSION], filter=flt), "retired rows read")
 
     def read_after(
         self,
@@ -292,15 +305,15 @@ class TrajectoryStore:
             top = int(ds.version)
             if top <= cursor:
                 return top, None
-            return top, _lance.scan_after(ds, cursor, columns=[*cols, _lance.CREATED_AT_VERSION],
+            return top, _lance.scan_after(ds, cursor, columns=[*cols, CREATED_AT_VERSION],
                                           facts=self.fragment_facts(policy))
 
         top, rows = self._read(policy, read, "read")
         if rows is None or rows.num_rows < min_rows:
             return None
-        versions = rows.column(_lance.CREATED_AT_VERSION)
+        versions = rows.column(CREATED_AT_VERSION)
         rows = rows.take(pc.sort_indices(versions))
-        versions = rows.column(_lance.CREATED_AT_VERSION).to_numpy()
+        versions = rows.column(CREATED_AT_VERSION).to_numpy()
         end = top
         if max_rows is not None and rows.num_rows > max_rows:
             # Cut on the commit boundary at or after min_rows, never mid-commit.
@@ -314,7 +327,7 @@ class TrajectoryStore:
                    where: str | None = None) -> pa.Table:
         """Rows with start < created version <= end (for audits and replays), and
         matching `where` (a LanceDB SQL filter) when given; retired rows included."""
-        cond = f"{_lance.CREATED_AT_VERSION} > {int(start)} AND {_lance.CREATED_AT_VERSION} <= {int(end)}"
+        cond = f"{CREATED_AT_VERSION} > {int(start)} AND {CREATED_AT_VERSION} <= {int(end)}"
         if where:
             cond = f"({cond}) AND ({where})"
         return self.scan(policy, columns, cond)
@@ -338,17 +351,17 @@ class TrajectoryStore:
             return self._read(policy, fn, what) if retry_reads else fn()
 
         hot = read(lambda: _lance.latest_dataset(self.table(policy)).to_table(
-            columns=[*want, _lance.CREATED_AT_VERSION], filter=where), "read")
+            columns=[*want, CREATED_AT_VERSION], filter=where), "read")
         arch = self.archive(policy)
         if arch is not None:
-            flt = where.replace(_lance.CREATED_AT_VERSION, ARCHIVED_VERSION) if where else None
+            flt = where.replace(CREATED_AT_VERSION, ARCHIVED_VERSION) if where else None
             old = read(lambda: _lance.latest_dataset(arch).to_table(
                 columns=[*want, ARCHIVED_VERSION], filter=flt), "retired rows read")
             if old.num_rows:
-                old = old.rename_columns([*want, _lance.CREATED_AT_VERSION])
+                old = old.rename_columns([*want, CREATED_AT_VERSION])
                 old = old.filter(pc.invert(pc.is_in(_row_key(old), value_set=_row_key(hot))))
                 hot = pa.concat_tables([old.cast(hot.schema), hot])
-        return hot.select([*cols, _lance.CREATED_AT_VERSION])
+        return hot.select([*cols, CREATED_AT_VERSION])
 
     def retired_upto(self, policy: str) -> int:
         """The newest table version whose rows have all been retired (0: none)."""
@@ -391,9 +404,9 @@ class TrajectoryStore:
                 return
             ds = _lance.latest_dataset(self.table(policy))
             rows = _lance.scan_after(
-                ds, done, columns=[*TRAJECTORY_SCHEMA.names, _lance.CREATED_AT_VERSION],
+                ds, done, columns=[*TRAJECTORY_SCHEMA.names, CREATED_AT_VERSION],
                 facts=self.fragment_facts(policy))  # rows after `done`: cut at `upto` here
-            rows = rows.filter(pc.less_equal(rows.column(_lance.CREATED_AT_VERSION), int(upto)))
+            rows = rows.filter(pc.less_equal(rows.column(CREATED_AT_VERSION), int(upto)))
             if rows.num_rows:
                 rows = rows.rename_columns([*TRAJECTORY_SCHEMA.names, ARCHIVED_VERSION])
                 arch.add(rows.cast(ARCHIVE_SCHEMA))
@@ -408,7 +421,7 @@ class TrajectoryStore:
             # nothing to drop would add a version and race the writers for nothing.
             if any(old is None or old <= upto
                    for _, _, _, old in self.fragment_facts(policy).of(ds)):
-                ds.delete(f"{_lance.CREATED_AT_VERSION} <= {int(upto)}")
+                ds.delete(f"{CREATED_AT_VERSION} <= {int(upto)}")
 
         self._read(policy, delete, f"dropping retired rows up to version {upto}")
         return moved

@@ -22,6 +22,7 @@ from astraflow.context import RESOLVED, RunContext, publish_flow
 from astraflow.observe.sinks import MAX_FAILURES, Follower, Point
 from astraflow.observe.view import RunView
 from astraflow.stores import _lance
+from astraflow.stores.read import Cursor, Held, read_after
 from astraflow.stores.schema import TRAJECTORY_SCHEMA
 from tests.test_integration import FLOW
 
@@ -81,9 +82,9 @@ def local_run(tmp_path, tiny_policy_dir):
 
 def count_reads(monkeypatch) -> Counter:
     """Every table read goes through `_lance.latest_dataset` or a follower's
-    `_lance.Held.latest`: count them by table."""
+    `Held.latest`: count them by table."""
     counts: Counter = Counter()
-    real, held = _lance.latest_dataset, _lance.Held.latest
+    real, held = _lance.latest_dataset, Held.latest
 
     def counted(table):
         counts[table.name] += 1
@@ -94,7 +95,7 @@ def count_reads(monkeypatch) -> Counter:
         return held(self)
 
     monkeypatch.setattr(_lance, "latest_dataset", counted)
-    monkeypatch.setattr(_lance.Held, "latest", counted_held)
+    monkeypatch.setattr(Held, "latest", counted_held)
     return counts
 
 
@@ -221,32 +222,32 @@ def test_cursor_reads_only_fragments_written_since_even_across_compaction(tmp_pa
 
     monkeypatch.setattr(_lance, "latest_dataset", lambda t: Spy(real(t)))
     add(0, 1, 2, 3, 4)
-    cur, rows = _lance.read_after(table, _lance.Cursor(), ["i"])
+    cur, rows = read_after(table, Cursor(), ["i"])
     assert rows["i"].to_pylist() == [0, 1, 2, 3, 4] and scanned == [5]
-    assert _lance.read_after(table, cur, ["i"]) == (cur, None) and scanned == [5]
+    assert read_after(table, cur, ["i"]) == (cur, None) and scanned == [5]
     add(5, 6)
-    cur, rows = _lance.read_after(table, cur, ["i"])
+    cur, rows = read_after(table, cur, ["i"])
     assert sorted(rows["i"].to_pylist()) == [5, 6] and scanned[-1] == 2  # not the 5 old ones
     # Compaction rewrites old rows into a fragment with a new, higher id: the next read
     # scans it, but its rows keep their creating versions and are filtered out.
     _lance.maintain(table)
     assert len(real(table).get_fragments()) < 7
     add(7)
-    cur, rows = _lance.read_after(table, cur, ["i"])
+    cur, rows = read_after(table, cur, ["i"])
     assert rows["i"].to_pylist() == [7]
     add(8)
-    cur, rows = _lance.read_after(table, cur, ["i"])
+    cur, rows = read_after(table, cur, ["i"])
     assert rows["i"].to_pylist() == [8] and scanned[-1] == 1  # back to the new one alone
     assert cur.version == int(real(table).version)
     # `tail`: the newest fragments holding 2 rows also give the extra column; each new
     # fragment is still scanned once.
     table.add_columns({"sq": "i * i"})
-    cur = _lance.Cursor(int(real(table).version), cur.fragment)
+    cur = Cursor(int(real(table).version), cur.fragment)
     add_sq = pa.schema([("i", pa.int64()), ("sq", pa.int64())])
     for x in (9, 10, 11):
         _lance.append(table, pa.table({"i": [x], "sq": [x * x]}, schema=add_sq), where="test")
     n = len(scanned)
-    cur, rows = _lance.read_after(table, cur, ["i"], tail=(["sq"], 2))
+    cur, rows = read_after(table, cur, ["i"], tail=(["sq"], 2))
     got = sorted(zip(rows["i"].to_pylist(), rows["sq"].to_pylist(), strict=True))
     assert got == [(9, None), (10, 100), (11, 121)] and sorted(scanned[n:]) == [1, 2]
 
@@ -260,7 +261,7 @@ def test_held_delta_reads_equal_a_full_read_across_appends_and_compactions(tmp_p
 
     schema = pa.schema([("i", pa.int64()), ("tok", pa.string())])
     table = _lance.open_or_create(_lance.connect(tmp_path / "db"), "t", schema)
-    held, cur, seen, n = _lance.Held(table), _lance.Cursor(), [], 0
+    held, cur, seen, n = Held(table), Cursor(), [], 0
     scans: list[tuple[int, str | None]] = []  # (fragments, filter) of each scan
     real = lance.LanceDataset.scanner
 
@@ -281,7 +282,7 @@ def test_held_delta_reads_equal_a_full_read_across_appends_and_compactions(tmp_p
     def read() -> pa.Table | None:
         nonlocal cur
         k = len(scans)
-        cur, rows = _lance.read_after(held, cur, ["i"], tail=(["tok"], 3))
+        cur, rows = read_after(held, cur, ["i"], tail=(["tok"], 3))
         if rows is not None:
             seen.extend(rows["i"].to_pylist())
             toks = [t for t in rows["tok"].to_pylist() if t is not None]
@@ -323,7 +324,7 @@ def test_held_delta_reads_equal_a_full_read_across_appends_and_compactions(tmp_p
     add(1, 1, 1, 1)
     assert read().num_rows == 4 and all(f is None for _, f in scans)
     check()
-    _, rows = _lance.read_after(_lance.Held(table), _lance.Cursor(), ["i"])
+    _, rows = read_after(Held(table), Cursor(), ["i"])
     assert sorted(rows["i"].to_pylist()) == list(range(n))
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from astraflow.context import RunContext
 from astraflow.stores import CheckpointError, WeightError, check_ledger, replay
-from astraflow.stores._lance import CREATED_AT_VERSION
+from astraflow.stores.schema import CREATED_AT_VERSION
 
 
 @dataclass

@@ -22,7 +22,8 @@ from rich.panel import Panel
 from rich.text import Text
 
 from astraflow.context import RunContext
-from astraflow.stores import _lance
+from astraflow.stores.read import sql_str
+from astraflow.stores.schema import CREATED_AT_VERSION
 from astraflow.stores.trajectories import table_name
 
 
@@ -67,10 +68,10 @@ def query(ctx: RunContext, policy: str, *, version: int | None = None, where: st
         raise InspectError(f"bad --where filter {where!r} on {table_name(policy)}: {msg}") from None
     if keys.num_rows == 0:
         return keys
-    keys = keys.sort_by([(_lance.CREATED_AT_VERSION, "descending"),
+    keys = keys.sort_by([(CREATED_AT_VERSION, "descending"),
                          ("created_at", "descending")]).slice(0, limit)
-    ids = ", ".join(f"'{_lance.sql_str(t)}'" for t in keys.column("traj_id").to_pylist())
-    rows = traj.scan(policy, where=f"traj_id IN ({ids})").drop_columns([_lance.CREATED_AT_VERSION])
+    ids = ", ".join(f"'{sql_str(t)}'" for t in keys.column("traj_id").to_pylist())
+    rows = traj.scan(policy, where=f"traj_id IN ({ids})").drop_columns([CREATED_AT_VERSION])
     order = {t: i for i, t in enumerate(keys.column("traj_id").to_pylist())}
     return rows.take(sorted(range(rows.num_rows),
                             key=lambda i: order[rows.column("traj_id")[i].as_py()]))
@@ -84,7 +85,7 @@ def advantages(ctx: RunContext, policy: str, rows: pa.Table) -> dict[str, float]
         return {}
     from astraflow.data.stages import group_advantages
 
-    groups = ", ".join(f"'{_lance.sql_str(g)}'"
+    groups = ", ".join(f"'{sql_str(g)}'"
                        for g in set(rows.column("group_id").to_pylist()))
     members = ctx.trajectories().scan(policy, ["traj_id", "group_id", "reward"],
                                       f"group_id IN ({groups})")

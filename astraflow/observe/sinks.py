@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from astraflow.context import RunContext
-from astraflow.stores import _lance
+from astraflow.stores.read import Cursor, Held
+from astraflow.stores.schema import CREATED_AT_VERSION
 
 log = logging.getLogger("astraflow.observe")
 
@@ -160,23 +161,23 @@ class Follower:
         self.ctx = ctx
         self.sinks = list(sinks)
         self.failures = [0] * len(self.sinks)
-        self.after = _lance.Cursor()
+        self.after = Cursor()
         self.points = 0
         self._counters: dict[tuple[str, str], int] = defaultdict(int)
         self._seen: dict[tuple[str, str], tuple[int, float]] = {}
         self._metrics = ctx.ledger()
-        self._held = _lance.Held(self._metrics.metrics)  # a poll of nothing new: one listing
+        self._held = Held(self._metrics.metrics)  # a poll of nothing new: one listing
 
     def read(self) -> list[Point]:
         """New points, in commit order, with their sink steps assigned."""
-        from astraflow.observe.view import metrics_after, sorted_rows
+        from astraflow.observe.view import sorted_rows
 
-        self.after, new = metrics_after(self._metrics, self.after, self._held)
+        self.after, new = self._metrics.metrics_after(self.after, self._held)
         if new is None:
             return []
         out = []
         for r in sorted_rows(new):
-            comp, pol, commit = r["component"], r["policy"], r[_lance.CREATED_AT_VERSION]
+            comp, pol, commit = r["component"], r["policy"], r[CREATED_AT_VERSION]
             step = int(r["step"])
             if comp in ("rollout", "scale"):  # numbered in commit order (see docstring)
                 # One batch = the rows of one `log` call: they share its time. A commit

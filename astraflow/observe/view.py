@@ -3,13 +3,10 @@
 Why incremental: status --watch, the dashboard and the metric follower poll a
 live run. Re-reading whole tables every refresh would cost the store (and the
 trainer sharing its disk or bucket) more as the run grows. Each refresh reads
-every table at most once, and only the commits after the last one it saw
-(rows carry the table version that created them, `_row_created_at_version`), from
-the fragments written since (`stores._lance.Cursor`): a refresh late in a long run
-costs what one early in it does. Each table's dataset is held between refreshes
-(`stores._lance.Held`): a table that did not change costs one listing of its
-versions; a compaction's rewrite of rows already read is not read again.
-`reads` counts those reads per table so tests can hold us to it.
+every table at most once, and only the commits after the last one it saw, from
+the fragments written since (`stores.read`): a refresh late in a long run costs
+what one early in it does; a table that did not change costs one listing of its
+versions. `reads` counts those reads per table so tests can hold us to it.
 """
 
 from __future__ import annotations
@@ -26,16 +23,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from astraflow.context import RunContext
-from astraflow.stores import _lance
-from astraflow.stores.ledger import METRICS_SCHEMA, Ledger, Progress
-from astraflow.stores.trajectories import ARCHIVED_VERSION
+from astraflow.stores.ledger import Progress
+from astraflow.stores.read import Cursor, Held
+from astraflow.stores.schema import CREATED_AT_VERSION
 
 #: Width of the time bins of `workers_per_pool`, seconds.
 BIN_S = 5.0
 #: Columns read for every new trajectory row (cheap): who produced it, and when.
 LIGHT = ["worker", "region", "created_at"]
 #: Columns of the newest episodes shown on the dashboard, read only from the newest
-#: fragments (`stores._lance.read_after`'s `tail`): token lists are most of a row.
+#: fragments (`stores.read.read_after`'s `tail`): token lists are most of a row.
 EPISODE = ["traj_id", "group_id", "policy", "behavior_version", "reward", "task_id", "worker",
            "region", "created_at", "extras", "prompt_ids", "completion_ids", "loss_mask"]
 
@@ -45,17 +42,6 @@ def pool_of(worker: str, region: str) -> str:
     others are grouped by the region they reported, or `local`."""
     m = re.match(r"(.+)-x\d+$", worker)
     return m.group(1) if m else (region or "local")
-
-
-def metrics_after(ledger: Ledger, after: _lance.Cursor, held: _lance.Held | None = None
-                  ) -> tuple[_lance.Cursor, pa.Table | None]:
-    """The metrics table's rows committed after `after`, with their commit version: (new
-    cursor, rows), or (new cursor, None) when nothing is new. One read, of the fragments
-    written since `after` only; the dashboard's view and the metric sinks both follow
-    the table this way. `held`: the follower's `Held` metrics table (a cheaper poll)."""
-    table = held if held is not None else ledger.metrics
-    return ledger._read(lambda: _lance.read_after(table, after, METRICS_SCHEMA.names),
-                        "reading metrics")
 
 
 @dataclass
@@ -107,12 +93,12 @@ class RunView:
         self.progress: dict[str, Progress | None] = {}
         self.versions: dict[str, list[int]] = {}
         self.components: dict[str, dict[str, Any]] | None = None
-        self._metrics_at = _lance.Cursor()
-        self._traj_at = dict.fromkeys(self.policies, _lance.Cursor())
+        self._metrics_at = Cursor()
+        self._traj_at = dict.fromkeys(self.policies, Cursor())
         # Each table's dataset held between refreshes: a refresh that finds a table
-        # unchanged costs one listing of its versions (`stores._lance.Held`).
-        self._held_metrics = _lance.Held(self._ledger.metrics)
-        self._held_traj = {p: _lance.Held(self._traj.table(p)) for p in self.policies}
+        # unchanged costs one listing of its versions (`stores.read.Held`).
+        self._held_metrics = Held(self._ledger.metrics)
+        self._held_traj = {p: Held(self._traj.table(p)) for p in self.policies}
         #: pool -> time bin -> workers with rows in it, kept as rows arrive (BIN_S wide)
         self._bins: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
 
@@ -133,8 +119,8 @@ class RunView:
 
     def _read_metrics(self) -> None:
         self.reads["metrics"] += 1
-        self._metrics_at, new = metrics_after(self._ledger, self._metrics_at,
-                                              self._held_metrics)
+        self._metrics_at, new = self._ledger.metrics_after(self._metrics_at,
+                                                           self._held_metrics)
         if new is None or new.num_rows == 0:
             return
         # Column-wise, one group per series (a refresh brings ~25 rows per trainer step,
@@ -163,15 +149,14 @@ class RunView:
         keep = pr.newest.maxlen or 20
         self.reads[f"traj_{policy}"] += 1
         held = self._held_traj[policy]
-        first = self._traj_at[policy] == _lance.Cursor()
-        self._traj_at[policy], new = self._traj._read(
-            policy, lambda: _lance.read_after(held, self._traj_at[policy], LIGHT,
-                                              tail=(EPISODE, keep)), "read")
+        first = self._traj_at[policy] == Cursor()
+        self._traj_at[policy], new = self._traj.follow(policy, held, self._traj_at[policy],
+                                                       LIGHT, tail=(EPISODE, keep))
         if first:
             new = self._with_retired(policy, new)
         if new is None or new.num_rows == 0:
             return
-        new = new.sort_by([(_lance.CREATED_AT_VERSION, "ascending")])
+        new = new.sort_by([(CREATED_AT_VERSION, "ascending")])
         # Column-wise, not row by row in Python: a refresh may bring thousands of rows.
         workers, regions = new.column("worker").to_pylist(), new.column("region").to_pylist()
         micros = new.column("created_at").cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
@@ -185,7 +170,7 @@ class RunView:
         pr.pools += pools
         full = new.filter(pc.is_valid(new.column("traj_id")))
         tail = full.slice(max(0, full.num_rows - keep))
-        pr.newest.extend(tail.drop_columns([_lance.CREATED_AT_VERSION]).to_pylist())
+        pr.newest.extend(tail.drop_columns([CREATED_AT_VERSION]).to_pylist())
 
     def _with_retired(self, policy: str, live: pa.Table | None) -> pa.Table | None:
         """The first read of a table also takes the rows retired before it
@@ -194,17 +179,12 @@ class RunView:
         lets it go, so the older archived rows are exactly the ones the live read
         could not see). A view that then pauses longer than the run keeps consumed rows
         live may miss rows retired meanwhile: the page's counts, not the run's data."""
-        arch = self._traj.archive(policy)
-        if arch is None:
-            return live
         below = (None if live is None or live.num_rows == 0
-                 else pc.min(live.column(_lance.CREATED_AT_VERSION)).as_py())
-        flt = None if below is None else f"{ARCHIVED_VERSION} < {int(below)}"
-        old = self._traj._read(policy, lambda: _lance.latest_dataset(arch).to_table(
-            columns=[*LIGHT, ARCHIVED_VERSION], filter=flt), "retired rows read")
-        if old.num_rows == 0:
+                 else pc.min(live.column(CREATED_AT_VERSION)).as_py())
+        old = self._traj.retired(policy, LIGHT, below=below)
+        if old is None or old.num_rows == 0:
             return live
-        old = old.rename_columns([*LIGHT, _lance.CREATED_AT_VERSION])
+        old = old.rename_columns([*LIGHT, CREATED_AT_VERSION])
         if live is None:
             return old
         old = old.cast(pa.schema([live.schema.field(n) for n in old.column_names]))
@@ -221,7 +201,7 @@ class RunView:
             pass
 
     # -- derived ---------------------------------------------------------------
-    def cursors(self) -> tuple[_lance.Cursor, ...]:
+    def cursors(self) -> tuple[Cursor, ...]:
         """Where each table was read up to: unchanged cursors, no new rows."""
         return (self._metrics_at, *self._traj_at.values())
 
@@ -260,7 +240,7 @@ class RunView:
 def sort_metrics(table: pa.Table) -> pa.Table:
     """Metrics rows (as `metrics_after` reads them, with their commit version) in
     commit order, then time: the order they were logged in. A stable sort."""
-    return table.sort_by([(_lance.CREATED_AT_VERSION, "ascending"), ("time", "ascending")])
+    return table.sort_by([(CREATED_AT_VERSION, "ascending"), ("time", "ascending")])
 
 
 def sorted_rows(table: pa.Table) -> list[dict[str, Any]]:
