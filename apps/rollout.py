@@ -203,7 +203,7 @@ def run_worker(target: str, worker_id: str, minutes: float, region: str | None =
     if not 0 < minutes <= MAX_MINUTES:
         raise ValueError(f"minutes must be in (0, {MAX_MINUTES:g}] (the function's timeout is "
                          f"sized for that), got {minutes}")
-    from astraflow.config.flow import RolloutSpec
+    from astraflow.config.components import RolloutSpec
     from astraflow.context import RunContext
     from astraflow.rollout.worker import RolloutWorker
 

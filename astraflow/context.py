@@ -20,7 +20,9 @@ from pathlib import Path
 
 import yaml
 
-from astraflow.config.flow import FlowError, FlowSpec, ReplicaSpec, load_flow, parse_flow
+from astraflow.config.flow import FlowSpec
+from astraflow.config.loader import FlowError, load_flow, parse_flow
+from astraflow.config.store import ReplicaSpec
 from astraflow.stores import CheckpointStore, Ledger, ObjectStore, TrajectoryStore, WeightStore
 from astraflow.stores.trajectories import WriteMode
 from astraflow.stores.uri import S3Settings, is_remote, redact

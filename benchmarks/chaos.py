@@ -33,7 +33,7 @@ from pathlib import Path
 from common import seed_version0, version0
 from rich.console import Console
 
-from astraflow.config.flow import load_flow
+from astraflow.config.loader import load_flow
 from astraflow.context import RunContext, quiet_libraries
 from astraflow.local.launcher import prepare_run
 

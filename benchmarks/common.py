@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from astraflow.config.flow import load_flow
+from astraflow.config.loader import load_flow
 from astraflow.context import RESOLVED, RunContext
 from astraflow.local.launcher import prepare_run, run_local
 from astraflow.train.version0 import publish_version0

@@ -55,7 +55,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from astraflow.config.flow import parse_flow
+from astraflow.config.loader import parse_flow
 from astraflow.context import RunContext
 from astraflow.local.launcher import prepare_run, run_local
 

@@ -40,7 +40,7 @@ import yaml
 from common import run_from_version0, steady_rates, time_to, version0
 from rich.console import Console
 
-from astraflow.config.flow import load_flow
+from astraflow.config.loader import load_flow
 from astraflow.context import RunContext, quiet_libraries
 from astraflow.policies import cluster_sim
 

@@ -38,7 +38,8 @@ import yaml
 from common import metric_means
 from rich.console import Console
 
-from astraflow.config.flow import FlowSpec, load_flow
+from astraflow.config.flow import FlowSpec
+from astraflow.config.loader import load_flow
 from astraflow.context import quiet_libraries
 from astraflow.workflows.workload import make_env
 

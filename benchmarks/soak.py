@@ -34,7 +34,7 @@ from typing import get_args
 
 import numpy as np
 
-from astraflow.config.flow import load_flow
+from astraflow.config.loader import load_flow
 from astraflow.local.launcher import prepare_run
 from astraflow.stores import LedgerEntry, Progress
 from astraflow.stores.trajectories import WriteMode

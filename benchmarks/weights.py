@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 def model_dir(size: str, root: Path) -> Path:
-    from astraflow.config.flow import load_flow
+    from astraflow.config.loader import load_flow
     from astraflow.models.factory import save_policy, tiny_llama
     from astraflow.models.tokenizer import build_char_tokenizer
 
@@ -196,7 +196,7 @@ def bench_lora(src: Path, store: str, rank: int, repeats: int) -> dict[str, tupl
     """Full vs adapter versions of the model at `src` in a store at `store`."""
     import torch
 
-    from astraflow.config.flow import LoraSpec
+    from astraflow.config.model import LoraSpec
     from astraflow.models.hf import load_policy
     from astraflow.rollout.engine import HFEngine
     from astraflow.stores import WeightStore

@@ -74,7 +74,7 @@ MODEL="${SMOLLM2_DIR:-$HOME/.cache/astraflow/models/smollm2-135m-instruct}"
 [ -f "$MODEL/config.json" ] && SETS+=(--set "policies.0.model.path=$MODEL")
 # trainer.device exists once the trainer is device-aware (issue 11); older builds
 # train on the CPU and say so in the report.
-if "$PY" -c 'import sys; from astraflow.config.flow import TrainerSpec
+if "$PY" -c 'import sys; from astraflow.config.components import TrainerSpec
 sys.exit(0 if "device" in TrainerSpec.model_fields else 1)'; then
   SETS+=(--set trainer.device=cuda); TRAINER_ON="cuda"
 else

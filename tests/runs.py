@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from astraflow.config.flow import parse_flow
+from astraflow.config.loader import parse_flow
 from astraflow.context import RESOLVED, RunContext
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.config.flow import load_flow
+from astraflow.config.loader import load_flow
 from astraflow.envs.base import Answer, parse_action
 from astraflow.models.codec import load_codec
 from astraflow.models.tokenizer import CharCodec

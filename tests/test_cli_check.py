@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from astraflow.cli.app import app
-from astraflow.config.flow import load_flow, parse_flow
+from astraflow.config.loader import load_flow, parse_flow
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))
 

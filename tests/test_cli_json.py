@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from astraflow.cli.app import app
 from astraflow.cli.schemas import AUDIT, EPISODE, EVAL, STATUS
-from astraflow.config.flow import parse_flow
+from astraflow.config.loader import parse_flow
 from astraflow.context import RESOLVED, RunContext
 from tests.test_integration import FLOW
 from tests.test_observe import seed

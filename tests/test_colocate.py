@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from astraflow.config.flow import FlowError, parse_flow
+from astraflow.config.loader import FlowError, parse_flow
 
 BASE = {"name": "colo", "policies": [{"name": "solver"}]}
 

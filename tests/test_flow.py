@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from astraflow.config.flow import FlowError, load_flow
+from astraflow.config.loader import FlowError, load_flow
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "math.yaml"
 

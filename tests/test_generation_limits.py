@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from astraflow.config.flow import FlowError, parse_flow
+from astraflow.config.loader import FlowError, parse_flow
 from astraflow.envs.math import MathEnv, parse_answer
 from astraflow.models.codec import HFCodec
 from astraflow.models.hf import load_policy

@@ -19,7 +19,7 @@ BATCH = 8
 
 
 def _needs_trainer_device() -> None:
-    from astraflow.config.flow import TrainerSpec
+    from astraflow.config.components import TrainerSpec
 
     if "device" not in TrainerSpec.model_fields:
         pytest.skip("this build's trainer has no trainer.device (the distributed trainer of "

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from astraflow.cli.app import app
-from astraflow.config.flow import ModelSpec
+from astraflow.config.model import ModelSpec
 from astraflow.models.factory import build_model
 from astraflow.models.hf import (
     CARRIED_FILES,

@@ -10,7 +10,8 @@ import pydantic
 import pytest
 import torch
 
-from astraflow.config.flow import AlgorithmSpec, FlowError, parse_flow
+from astraflow.config.algorithm import AlgorithmSpec
+from astraflow.config.loader import FlowError, parse_flow
 from astraflow.models.hf import load_policy
 from astraflow.train.batch import Batch
 from astraflow.train.dist import Ranks

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from astraflow.cli.app import app
 from astraflow.cloud.launch import LaunchError, build_sky_task, launch, plan
-from astraflow.config.flow import FlowError, load_flow, parse_flow
+from astraflow.config.loader import FlowError, load_flow, parse_flow
 
 REPO = Path(__file__).resolve().parents[1]
 CLOUD = REPO / "examples" / "cloud.yaml"
@@ -47,7 +47,7 @@ def test_import_and_plan_are_light():
     import subprocess
     import sys
 
-    code = ("import sys; from astraflow.config.flow import load_flow; from astraflow.cloud.launch import plan; "
+    code = ("import sys; from astraflow.config.loader import load_flow; from astraflow.cloud.launch import plan; "
             f"plan(load_flow({str(CLOUD)!r})); "
             "print([m for m in ('sky', 'modal', 'torch', 'lancedb') if m in sys.modules])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -85,7 +85,7 @@ def test_plan_of_the_example():
 def _with_device(data: dict, device: str, monkeypatch) -> dict:
     """`trainer.device: DEVICE` in the flow where the trainer has that field (the
     distributed trainer's); before it, the one seam plan() reads it through."""
-    from astraflow.config.flow import TrainerSpec
+    from astraflow.config.components import TrainerSpec
 
     if "device" in TrainerSpec.model_fields:
         data.setdefault("trainer", {})["device"] = device
@@ -438,7 +438,7 @@ def test_multi_node_trainer_plan_task_and_dry_run(monkeypatch):
     data = _with_device(data, "cuda", monkeypatch)
     data["launch"]["trainer"] = {"accelerators": ["H100:8"], "nodes": 2}
     monkeypatch.setattr("astraflow.cli.cloud.parse_sets", lambda sets: {})
-    monkeypatch.setattr("astraflow.config.flow.load_flow", lambda path, overrides=None: parse_flow(data))
+    monkeypatch.setattr("astraflow.config.loader.load_flow", lambda path, overrides=None: parse_flow(data))
     monkeypatch.setenv("ASTRAFLOW_SKY_CATALOG", str(FIX / "skycat_launch"))
     r = CliRunner().invoke(app, ["launch", str(CLOUD), "--dry-run"])
     assert r.exit_code == 0, r.output

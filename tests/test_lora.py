@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from astraflow.config.flow import LoraSpec, parse_flow
+from astraflow.config.loader import parse_flow
+from astraflow.config.model import LoraSpec
 from astraflow.context import RunContext
 from astraflow.models import lora
 from astraflow.models.codec import load_codec

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.config.flow import FlowError, parse_flow
+from astraflow.config.loader import FlowError, parse_flow
 from astraflow.context import RunContext, publish_flow, replica_store
 from astraflow.stores import TamperedWeights, TrajectoryStore, WeightStore, check_ledger
 from astraflow.stores.mirror import Mirror, sync_replica

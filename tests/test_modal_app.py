@@ -28,7 +28,7 @@ from pathlib import Path
 import modal
 import pytest
 
-from astraflow.config.flow import parse_flow
+from astraflow.config.loader import parse_flow
 from astraflow.context import RESOLVED, RunContext
 
 REPO = Path(__file__).resolve().parents[1]

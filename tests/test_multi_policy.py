@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import pytest
 
-from astraflow.config.flow import FlowError, parse_flow
+from astraflow.config.loader import FlowError, parse_flow
 from astraflow.context import RESOLVED, RunContext
 from astraflow.envs.math import MathEnv
 from astraflow.local.sync import run_sync

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from astraflow.cli.app import app
-from astraflow.config.flow import parse_flow
+from astraflow.config.loader import parse_flow
 from astraflow.context import RESOLVED, RunContext, publish_flow
 from astraflow.observe.sinks import MAX_FAILURES, Follower, Point
 from astraflow.observe.view import RunView

@@ -190,7 +190,7 @@ def test_a_flow_on_s3_stages_by_default_a_local_one_commits(s3_env, tmp_path, ti
     read commits them (a lone `auto` writer's commit is four sequential requests there,
     and many writers' own commits starve the trainer's); a local flow keeps `auto`, and
     a mode the flow names wins over both."""
-    from astraflow.config.flow import parse_flow
+    from astraflow.config.loader import parse_flow
     from tests.runs import check_staged_until_read, seeded_run, worker_flow
 
     uri = f"s3://{s3_env}/runs/staged-default"

@@ -226,7 +226,7 @@ def test_sky_backend_launches_pinned_jobs_lists_and_cancels(monkeypatch, tmp_pat
 
 
 def test_cloud_pools_from_a_flow_and_a_price_csv():
-    from astraflow.config.flow import parse_flow
+    from astraflow.config.loader import parse_flow
     from astraflow.scale.pools import cloud_pools
 
     repo = Path(__file__).resolve().parents[1]
@@ -383,7 +383,7 @@ def test_autoscaler_grows_and_shrinks_a_real_local_run(tmp_path):
 
 
 def _run_folder(tmp_path: Path):
-    from astraflow.config.flow import parse_flow
+    from astraflow.config.loader import parse_flow
     from astraflow.local.launcher import prepare_run
 
     return prepare_run(parse_flow({**FLOW, "stop": {**FLOW["stop"], "max_steps": 10}}),

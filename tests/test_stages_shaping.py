@@ -199,7 +199,7 @@ def test_a_stage_that_miscounts_replayed_rows_is_refused(monkeypatch):
 
 
 def test_a_misspelt_stage_param_fails_when_the_flow_is_read():
-    from astraflow.config.flow import FlowError, parse_flow
+    from astraflow.config.loader import FlowError, parse_flow
 
     flow = {"name": "x", "policies": [{"name": "solver"}]}
     with pytest.raises(FlowError, match=r"stages\.1: .*length_norm.*'mdoe'"):

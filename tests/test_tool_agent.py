@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from astraflow.config.flow import parse_flow
+from astraflow.config.loader import parse_flow
 from astraflow.envs import build_env, resolve_env
 from astraflow.envs.base import Limits, Task, ToolResult
 from astraflow.envs.search import RELATIONS, SearchEnv
@@ -393,7 +393,7 @@ def search_policy_dir(tmp_path):
     not rest on one fixed step count being enough on every machine's float order."""
     import torch
 
-    from astraflow.config.flow import WarmStartSpec
+    from astraflow.config.model import WarmStartSpec
     from astraflow.models.factory import save_policy, tiny_llama
     from astraflow.models.tokenizer import build_char_tokenizer
     from astraflow.rollout.engine import HFEngine

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from astraflow.config.flow import AlgorithmSpec
+from astraflow.config.algorithm import AlgorithmSpec
 from astraflow.context import RunContext
 from astraflow.train.dist import compute_dtype, resolve_device
 from astraflow.train.step import lr_schedule

@@ -87,7 +87,7 @@ def test_rollout_worker_runs_on_vllm(check):
 
 
 def test_make_engine_builds_the_flow_engine(tiny_policy_dir):
-    from astraflow.config.flow import parse_flow
+    from astraflow.config.loader import parse_flow
     from astraflow.rollout.engine import HFEngine, make_engine
 
     assert isinstance(make_engine("hf", tiny_policy_dir), HFEngine)

@@ -167,7 +167,7 @@ def worker_check(work: Path, out: dict) -> None:
     """`astraflow rollout RUN --max-batches 2` with rollout.engine: vllm."""
     import shutil
 
-    from astraflow.config.flow import parse_flow
+    from astraflow.config.loader import parse_flow
     from astraflow.context import RESOLVED, RunContext
 
     flow = parse_flow({

@@ -30,7 +30,7 @@ def launch(
     """Run a flow on the cloud: publish it to its bucket, then one SkyPilot managed job per
     policy's trainer and the rollout pools (SkyPilot spot jobs, Modal calls)."""
     import astraflow.cloud.launch as cloud_launch
-    from astraflow.config.flow import FlowError, load_flow
+    from astraflow.config.loader import FlowError, load_flow
     from astraflow.policies.prices import load_prices
 
     try:
@@ -145,7 +145,7 @@ def scale(
 def scale_target(target: str, runs: Path) -> str:
     """A flow YAML names its run: its store.uri when remote, else runs/<name>/."""
     if target.endswith((".yaml", ".yml")) and Path(target).is_file():
-        from astraflow.config.flow import FlowError, load_flow
+        from astraflow.config.loader import FlowError, load_flow
         from astraflow.stores.uri import is_remote
 
         try:

@@ -46,7 +46,7 @@ def open_run(run_dir: str, component: str, quiet: bool = False):
     """The RunContext of a run folder or store URI, with logging set up for `component`."""
     import os
 
-    from astraflow.config.flow import FlowError
+    from astraflow.config.loader import FlowError
     from astraflow.context import RESOLVED, RunContext, quiet_libraries, setup_logging
     from astraflow.stores.uri import is_remote
 

@@ -22,7 +22,7 @@ def run(
     set_: Annotated[list[str], typer.Option("--set", help="override a field: stop.max_steps=50")] = [],  # noqa: B006
 ) -> None:
     """Run a whole flow on this machine: warm start, workers, trainer, evaluation."""
-    from astraflow.config.flow import FlowError, load_flow
+    from astraflow.config.loader import FlowError, load_flow
 
     overrides = parse_sets(set_)
     if mode is not None:
@@ -51,7 +51,7 @@ def check(
 ) -> None:
     """Validate a flow without running anything; print the resolved flow (YAML, every
     default filled in). Exit 0 when valid; exit 2 naming each broken field's path."""
-    from astraflow.config.flow import FlowError, load_flow
+    from astraflow.config.loader import FlowError, load_flow
 
     try:
         spec = load_flow(flow, parse_sets(set_))

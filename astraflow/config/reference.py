@@ -1,8 +1,8 @@
 """The flow file's reference, generated from the pydantic models themselves.
 
 Why generated: a hand-written reference drifts the day a field is added. Every
-field of a flow (astraflow.config.flow.FlowSpec, with its `launch:` section from
-astraflow.config.cloud) carries a docstring, which pydantic reads as the field's
+field of a flow (astraflow.config.flow.FlowSpec and the section models of
+astraflow.config) carries a docstring, which pydantic reads as the field's
 description (`use_attribute_docstrings` in astraflow.config.spec); this module walks
 the models and writes one Markdown table per section. `docs/flow.md` is its
 output, and a test fails when that file is stale or a field has no description.
@@ -11,6 +11,7 @@ output, and a test fails when that file is stale or a field has no description.
 from __future__ import annotations
 
 import inspect
+import re
 import typing
 from collections.abc import Iterator
 from typing import Any
@@ -59,8 +60,8 @@ def sections(root: type[BaseModel]) -> list[tuple[str, type[BaseModel]]]:
 
 def _type(annotation: Any) -> str:
     text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
-    return (text.replace("typing.", "").replace("NoneType", "None")
-            .replace("astraflow.config.flow.", "").replace("astraflow.config.cloud.", ""))
+    text = text.replace("typing.", "").replace("NoneType", "None")
+    return re.sub(r"astraflow\.config\.\w+\.", "", text)
 
 
 def _default(field: FieldInfo) -> str:

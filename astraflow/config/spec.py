@@ -1,4 +1,4 @@
-"""What every model of a flow file shares (astraflow.config.flow, astraflow.config.cloud)."""
+"""What every model of a flow file shares (every module of astraflow.config)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from astraflow.config.flow import FlowError, FlowSpec
+from astraflow.config.flow import FlowSpec
+from astraflow.config.loader import FlowError
 from astraflow.context import RESOLVED, RunContext
 from astraflow.local.evaluate import Evaluator
 from astraflow.local.report import ledger_totals, plot, write_summary

@@ -20,7 +20,7 @@ from astraflow.models.tokenizer import ALPHABETS, alphabet_vocab, build_char_tok
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from astraflow.config.flow import ModelSpec
+    from astraflow.config.model import ModelSpec
 
 
 def tiny_llama(

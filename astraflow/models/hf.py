@@ -24,7 +24,7 @@ from astraflow.models import lora as lora_mod
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from astraflow.config.flow import LoraSpec, ModelSpec
+    from astraflow.config.model import LoraSpec, ModelSpec
 
 #: Files that are the policy's, not the weights': tokenizer, chat template, generation
 #: config. A version's copies are carried into the next version byte for byte.

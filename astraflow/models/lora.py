@@ -26,7 +26,7 @@ from safetensors import safe_open
 from astraflow.models.weights import load_weights_into
 
 if TYPE_CHECKING:
-    from astraflow.config.flow import LoraSpec
+    from astraflow.config.model import LoraSpec
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

@@ -22,7 +22,7 @@ from astraflow.train.logprobs import completion_logprobs, device_of
 from astraflow.train.loss import LossConfig, LossStats, Objective, policy_loss
 
 if TYPE_CHECKING:
-    from astraflow.config.flow import AlgorithmSpec
+    from astraflow.config.algorithm import AlgorithmSpec
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from astraflow.config.flow import ModelSpec
+from astraflow.config.model import ModelSpec
 from astraflow.context import RunContext
 from astraflow.models.codec import load_codec
 from astraflow.models.factory import build_model

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from astraflow.config.flow import WarmStartSpec
+from astraflow.config.model import WarmStartSpec
 from astraflow.models.codec import Codec
 from astraflow.rollout.engine import HFEngine
 from astraflow.workflows import Workflow

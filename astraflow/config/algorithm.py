@@ -1,0 +1,126 @@
+"""How a policy learns: the RL objective and optimizer (`algorithm:`) and the data stages
+that turn consumed rows into its batch (`stages:`). Stage names are checked against
+astraflow.registry, which imports nothing to do so."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from astraflow import registry
+from astraflow.config.spec import Spec
+
+
+class AlgorithmSpec(Spec):
+    """GRPO-style policy gradient: a PPO-clip loss against behaviour logprobs, or the
+    decoupled (proximal-anchored) variant; logprobs at the rollout temperature."""
+
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the RL steps."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    """PPO clip range: the ratio is clipped to [1 - clip_eps, 1 + clip_eps]."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Gradient norm clip per optimizer update."""
+    publish_every: int = Field(1, ge=1)
+    """Publish a new weight version every this many optimizer steps (checked at the end
+    of a trainer step, so with `minibatches: m` a version carries at least m updates)."""
+    objective: Literal["ppo", "decoupled"] = "ppo"
+    """`ppo`: clip the ratio new/behaviour (trust region around the policy that sampled
+    the row, up to `rollout.max_weight_lag` versions old). `decoupled` (AReaL): clip
+    new/proximal, where proximal is the trainer's policy before this step's first update,
+    times the behaviour→proximal importance weight truncated at `is_cap`; for stale rows
+    the step then stays near the current policy. See astraflow/train/loss.py."""
+    dual_clip: float | None = Field(None, gt=1)
+    """For negative advantages, bound the per-token objective at `dual_clip`·A (e.g. 3.0),
+    so a token whose ratio exploded cannot dominate the step. None: off."""
+    is_cap: float = Field(2.0, ge=1)
+    """`decoupled`: the behaviour→proximal importance weight is min(weight, is_cap)."""
+    step_rows: int | None = Field(None, ge=1)
+    """Rows a trainer step consumes: whole commits after the cursor until at least this
+    many (None: one rollout batch). Larger than a rollout batch gives a larger optimizer
+    batch than the generation batch; the ledger still records one cursor range per step,
+    so every row is consumed exactly once. Must fit in the workers' backlog
+    (`rollout.max_backlog_batches` batches), and in `sync` mode equal one batch. For an
+    optimizer batch *smaller* than a rollout batch use `minibatches` (a commit is never
+    split across steps: the cursor is a commit)."""
+    minibatches: int = Field(1, ge=1)
+    """Optimizer updates per trainer step: the step's rows (after the stages) are cut
+    into this many contiguous slices, one update each, every row used once. Within one
+    ledger step, so the exactly-once accounting and checkpoints are unchanged."""
+    micro_batch_rows: int | None = Field(None, ge=1)
+    """Rows per forward/backward pass (gradient accumulation; None: the whole update at
+    once). Rows, not tokens, so the cut is the same whatever the sampled lengths; each
+    micro-batch's loss is divided by the update's total unmasked token count, so the
+    gradient equals the one-shot gradient. Memory scales with rows × longest row."""
+    logprob_chunk_tokens: int = Field(1024, ge=1)
+    """Completion tokens whose output-head logits are materialised at once (forward and,
+    recomputed, backward): peak extra memory ≈ chunk × vocabulary × 8 bytes."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them
+    (HF `gradient_checkpointing_enable`): activation memory of one layer instead of all,
+    for about a third more compute. For long sequences or large models on a GPU."""
+    lr_warmup_steps: int = Field(0, ge=0)
+    """Optimizer updates over which the learning rate rises linearly from lr/warmup to
+    `lr`. The schedule is a function of the optimizer-update count, which checkpoints
+    hold, so a resumed trainer continues on the same curve."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """After warmup: `constant`, or `cosine` decay from `lr` to `lr`·`lr_min_ratio` over
+    `lr_decay_steps` updates (then held there)."""
+    lr_decay_steps: int = Field(1000, ge=1)
+    """`cosine`: updates after warmup over which the learning rate decays."""
+    lr_min_ratio: float = Field(0.1, ge=0, le=1)
+    """`cosine`: the final learning rate as a fraction of `lr`."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of a KL penalty toward a frozen reference policy: version 0 of this same
+    policy (its pretrained or warm-started starting point; version 0 is never pruned).
+    Per unmasked completion token the k3 estimator of KL(policy ‖ reference),
+    exp(ref − new) − (ref − new) − 1 (≥ 0, unbiased, low variance), times `kl_coef`, is
+    added to the policy loss and normalised like it; the metric `kl_ref` is its mean per
+    token. It anchors what the policy already did well (an all-success group carries no
+    advantage, so nothing else holds it), but only on rows that reach the loss: the
+    default `zero_variance_filter` stage drops all-success groups, so to anchor them
+    directly leave that stage out (their GRPO advantage is 0: they carry only the KL
+    term, and count in the token mean). Cost: a second copy of the model in the
+    trainer's memory and one extra no-grad forward pass per micro-batch. 0 (default):
+    off, no reference is loaded. Not supported with `trainer.ranks` > 1 (FSDP2) yet."""
+
+
+class StageSpec(Spec):
+    name: str
+    """A built-in stage (see astraflow.data.stages; names in astraflow.registry) or `module:attr` for your own."""
+    params: dict[str, Any] = {}
+    """Keyword arguments of the stage function (e.g. `max_versions: 8`)."""
+
+    @field_validator("name")
+    @classmethod
+    def _exists(cls, v: str) -> str:
+        registry.resolve("stage", v)  # raises with the list of known stages
+        return v
+
+    @model_validator(mode="after")
+    def _params_fit(self) -> StageSpec:
+        """A misspelt parameter fails here, not in the trainer minutes later."""
+        try:
+            inspect.signature(registry.resolve("stage", self.name)).bind(None, None, **self.params)
+        except TypeError as err:
+            raise ValueError(f"stage {self.name!r} does not take params {sorted(self.params)}: "
+                             f"{err}") from None
+        except ValueError:  # no introspectable signature (a C callable): the trainer will tell
+            pass
+        return self
+
+
+def default_stages() -> list[StageSpec]:
+    """The flow's `stages:` when it gives none: a staleness bound, then GRPO."""
+    return [
+        StageSpec(name="staleness", params={"max_versions": 8}),
+        StageSpec(name="zero_variance_filter"),
+        StageSpec(name="group_advantages"),
+    ]
+
