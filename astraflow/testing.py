@@ -1,19 +1,16 @@
 """Test hooks: inert unless a test sets their environment variables.
 
-Chaos tests kill a trainer at chosen steps. Polling the progress file for a kill
-window races the trainer: a loaded machine can run past the window, and a kill
-that lands right after a checkpoint loses nothing to roll back. A trainer started
-with
+Chaos tests kill a trainer at chosen steps; polling its progress for a kill window
+races it. A trainer started with
 
     ASTRAFLOW_TEST_PAUSE_AT_STEP=6,25,45   ASTRAFLOW_TEST_GATE=/tmp/gate
 
 stops after finishing each of those steps (ledger row and progress written,
-checkpoint taken only if one was due), writes `<gate>/paused-<policy>-<step>`
-holding its pid, and waits there: the test kills it at exactly that step. Each
-step pauses once (the file stays), so the restarted trainer redoes the step and
-goes on. The wait ends by itself when `<gate>/release-<policy>-<step>` appears or
-after ASTRAFLOW_TEST_PAUSE_S seconds (default 300), so a test that never kills
-cannot hang a run forever.
+checkpoint taken only if due), writes `<gate>/paused-<policy>-<step>` holding its
+pid, and waits: the test kills it at exactly that step. Each step pauses once (the
+file stays), so the restarted trainer redoes it and goes on. The wait ends when
+`<gate>/release-<policy>-<step>` appears or after ASTRAFLOW_TEST_PAUSE_S seconds
+(default 300), so a test that never kills cannot hang a run.
 """
 
 from __future__ import annotations

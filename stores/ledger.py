@@ -5,12 +5,10 @@ version range of its trajectory table it consumed and what became of those
 rows (used, dropped as stale, filtered). Ranges of consecutive steps must tile
 the table's history with no gap and no overlap — `check_ledger` verifies that.
 
-A trainer killed after its last checkpoint loses the steps it took since: its
-model and optimizer go back to the checkpoint. It then appends a `rollback`
-row naming the first lost step, which voids every earlier row of that step or
-later, and trains those rows again. `replay` applies rollbacks to the history
-(commit order) and yields the effective ledger — the steps whose effect the
-model really carries — so "trained exactly once" means once in that ledger.
+A trainer killed after its last checkpoint loses the steps since; it appends a
+`rollback` row naming the first lost step, which voids every earlier row of that
+step or later, and trains those rows again. `replay` applies rollbacks in commit
+order and yields the effective ledger, so "trained exactly once" means once in it.
 
 Metrics are long-format (component, policy, step, name, value) so that
 `status`, plots and scaling policies all read one source without schema churn.

@@ -1,21 +1,17 @@
 """Cross-region weight replicas: copy each published version to stores near the workers.
 
-Rollout workers in another region or cloud should not pull every version across
-an ocean (slow, and egress is billed per byte per worker). A trainer publishes
-to the main weight store; a `Mirror` copies each new version once into every
-replica (another bucket, endpoint or cloud), and workers there read the replica
-(`--region`). The copy keeps the weight store's contract:
+Workers in another region or cloud should not pull every version across an ocean
+(slow, and egress is billed per byte per worker). A `Mirror` copies each new version
+once into every replica, and workers there read the replica (`--region`). The copy
+keeps the weight store's contract:
 
     source   `load` verifies every file against the source manifest (sha256)
     replica  files are uploaded first, then checked by size in one listing,
              then the manifest — identical to the source's — is written last
 
-so a replica version exists exactly when all its bytes are there, and a worker
-loading it verifies sha256 again as it would from the main store. A mirror
-killed mid-copy leaves an invisible folder that the next pass overwrites.
-
-Replicas keep only the newest `keep_last` versions (and version 0): workers
-need the newest, curves are drawn from the main store.
+so a replica version exists exactly when all its bytes are there; a mirror killed
+mid-copy leaves an invisible folder that the next pass overwrites. Replicas keep
+only the newest `keep_last` versions (and version 0).
 """
 
 from __future__ import annotations

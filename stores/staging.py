@@ -1,50 +1,18 @@
 """Appends that never wait in a commit race: commit your own batch, or stage it.
 
-Why: with one Lance commit per batch every writer races for the same manifest,
-so adding writers made the store slower (64 writers: 0.1x the rows/s of one,
-p99 append 9.7 s: Lance retried a lost race 20 times, our retry layer again).
-Here a writer tries one short commit of its own batch and, if it loses the
-race, hands the batch to the table's committer instead of retrying (`auto`), or
-skips step 2 altogether (`staged`: on S3 a writer's own commit is two more
-sequential requests, and with no writer committing the committer never loses a
-race either):
-
-    writer   1. write the batch as Lance data files, uncommitted
-                (`lance.fragment.write_fragments`: invisible to every reader)
-             2. commit them as one `Append`, allowing `DIRECT_RETRIES` retries of
-                a lost manifest race (alone, the first try wins: one writer pays
-                what a plain `table.add` pays);
-             3. lost: write a marker `_staged/traj_<policy>/<time>-<id>-<rows>.json`
-                naming those files, and return. The batch exists exactly when
-                its marker does (written last, atomically; a writer killed
-                before it leaves only unreferenced files). A writer that lost
-                stages its next `BACKOFF` batches without trying (count-based,
-                not timed: under contention a try is mostly a wasted round trip)
-
-    committer  the table's consumer (its trainer, rank 0), in `read_after`: it
-             is the only process that commits other writers' batches, so there
-             is no lock, no lease and no clock. Idempotent after a crash at any
-             instant:
-             a. list markers; open the newest table version
-             b. a marker whose files the table already references was committed
-                by a committer killed before its cleanup: delete it, commit nothing
-             c. commit all the others' fragments as ONE `Append` (one table
-                version: a batch is all-or-nothing, a cursor moves by whole commits)
-             d. delete their markers (on S3 one bulk request for all but the
-                first: `ObjectStore.delete_many`)
-
-Step (b) needs the committed files of a marker to stay in the table until the
-marker is gone, so compaction leaves those fragments alone (`_lance.compact`
-reads the markers after the version it plans on). Two live committers of one
-table would break (b); the trainer is one process per policy whose restarts
-the supervisor serialises, as its ledger and checkpoints already require.
+Why: with one Lance commit per batch every writer races for the same manifest, so
+adding writers made the store slower. Here a writer tries one short commit of its
+own batch and, if it loses the race, hands the batch to the table's committer
+instead of retrying (`auto`), or never tries (`staged`: on S3 a writer's own commit
+is two more sequential requests). The committer is the table's consumer (its
+trainer, rank 0) in `read_after`: the only process that commits other writers'
+batches, so there is no lock, no lease and no clock. The protocol, idempotent at
+every step, is in `Staging`'s docstring.
 
 A marker means "this batch is in the table, or will be exactly once", so
 backpressure and the audit count staged rows as not yet consumed.
-
 `ASTRAFLOW_STORE_CRASH_AT=<point>[:<n>]` SIGKILLs the process the n-th time it
-reaches a named point (`POINTS`), so tests kill writers and committers at exact
-places instead of hunting for a timing window.
+reaches a named point (`POINTS`), so tests kill writers and committers at exact places.
 """
 
 from __future__ import annotations
@@ -111,7 +79,38 @@ def files_of(fragments: Iterable[dict]) -> tuple[str, ...]:
 
 
 class Staging:
-    """The staged batches of one table: write, stage, list, commit."""
+    """The staged batches of one table: write, stage, list, commit.
+
+        writer   1. write the batch as Lance data files, uncommitted
+                    (`lance.fragment.write_fragments`: invisible to every reader)
+                 2. commit them as one `Append`, allowing `DIRECT_RETRIES` retries of
+                    a lost manifest race (alone, the first try wins: one writer pays
+                    what a plain `table.add` pays);
+                 3. lost: write a marker `_staged/traj_<policy>/<time>-<id>-<rows>.json`
+                    naming those files, and return. The batch exists exactly when
+                    its marker does (written last, atomically; a writer killed
+                    before it leaves only unreferenced files). A writer that lost
+                    stages its next `BACKOFF` batches without trying (count-based,
+                    not timed: under contention a try is mostly a wasted round trip)
+
+        committer  the table's consumer (its trainer, rank 0), in `read_after`: it
+                 is the only process that commits other writers' batches, so there
+                 is no lock, no lease and no clock. Idempotent after a crash at any
+                 instant:
+                 a. list markers; open the newest table version
+                 b. a marker whose files the table already references was committed
+                    by a committer killed before its cleanup: delete it, commit nothing
+                 c. commit all the others' fragments as ONE `Append` (one table
+                    version: a batch is all-or-nothing, a cursor moves by whole commits)
+                 d. delete their markers (on S3 one bulk request for all but the
+                    first: `ObjectStore.delete_many`)
+
+    Step (b) needs the committed files of a marker to stay in the table until the
+    marker is gone, so compaction leaves those fragments alone (`compact`
+    reads the markers after the version it plans on). Two live committers of one
+    table would break (b); the trainer is one process per policy whose restarts
+    the supervisor serialises, as its ledger and checkpoints already require.
+    """
 
     def __init__(self, root: str, table: str, dataset: Callable[[], Any], *,
                  storage_options: dict[str, str] | None, budget_s: float,

@@ -2,19 +2,14 @@
 
 Each component is a plain `astraflow` CLI process with its own log file; the
 supervisor knows nothing about what they do — they talk only through the store.
-A component killed by a signal (SIGKILL from preemption, the OOM killer or
-an operator) is restarted at once. One that fails on its own (non-zero exit)
-is restarted after a backoff that doubles with consecutive quick failures
-and resets once it has stayed up for `healthy_s`; only such a crash loop
+A component killed by a signal (preemption, the OOM killer, an operator) is
+restarted at once; one that fails on its own is restarted after a backoff that
+doubles with consecutive quick failures, and only a crash loop
 (`max_quick_crashes` in a row) stops the run. The live process table goes to
-`components.json` in the run folder so that operators (and the chaos
-benchmark) can find every pid; components stop by themselves when the
-launcher's pid disappears, and a new launcher clears any leftovers.
-
-Restarts are fast because a zygote process imported torch, transformers and
-lancedb once (about 7 s of a cold start here) and forks a restarted component
-from that state: the restart costs a fork, and no CPU is spent re-importing
-beside the components that are still working.
+`components.json` in the run folder so operators can find every pid; components
+stop by themselves when the launcher's pid disappears (`stop_flag`), and a new
+launcher clears any leftovers. Restarts fork from a warm zygote
+(`local/zygote.py`) that imported torch, transformers and lancedb once.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ and checks, per policy:
   * the effective ledger (rollbacks applied) has steps 0..n-1, each once, whose
     cursor ranges tile (0, final cursor] with no gap and no overlap;
   * every step's rows add up (used + stale + filtered = read), and the table
-    really holds that many rows in the step's range — a row up to the final
-    cursor was trained exactly once or dropped with a recorded reason;
+    really holds that many rows in the step's range;
   * no trajectory id appears twice in the table (a batch committed twice);
   * weight versions are monotonic (time and parent) and every manifest verifies;
     ledger weight versions never go backwards; rows name only published versions;

@@ -1,28 +1,18 @@
 """`astraflow dashboard`: a live page of one run on 127.0.0.1, offline.
 
     browser ──GET /api/state?since=SEQ every poll_s──► State.get(since)
-                                               │ older than refresh_s? (one lock)
-                                               ▼
-                                      RunView.refresh(): each table read once,
-                                      only the fragments written since the last one
-                                               │ anything new? (the view's stamp)
-                                               ▼
+                                      │ older than refresh_s? → RunView.refresh()
+                                      ▼ (each table read once, only what is new)
                                       SEQ += 1; each curve appends its new points
     page holds SEQ      ──► {"seq", "unchanged": true}            (a few bytes)
     page holds SEQ - k  ──► the points added since, to append      (Plotly.extendTraces)
     a new page          ──► every curve, to draw                   (Plotly.react)
-    audit thread ──every audit_every_s──► astraflow.observe.audit (its own cadence: it
-                   while pages poll       verifies every weight version's sha256)
+    audit thread ──every audit_every_s──► astraflow.observe.audit
 
-Any number of open pages share one refresh per `refresh_s`, and a page nobody
-looks at costs the store nothing. Why deltas: a page left open on a long run would
-otherwise get (and the server build, encode and send) every curve whole on each
-change, and redraw it; now a change costs what its new points cost, early or late
-in a run. A page that already holds the newest state (its `since` is SEQ) gets a
-few bytes back and redraws nothing: polling faster than the store changes costs
-neither the server nor the browser. FastAPI serves the page; the charts are
-plotly.js, served from the copy inside the `plotly` wheel (no CDN: the page
-works on a machine with no internet).
+Any number of open pages share one refresh per `refresh_s`, and a page nobody looks
+at costs the store nothing. Deltas, so a page left open on a long run costs what its
+new points cost. FastAPI serves the page; the charts are plotly.js from the `plotly`
+wheel (no CDN: it works with no internet).
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
 """Metric sinks: TensorBoard event files and Weights & Biases, fed from the metrics table.
 
-Every component (trainers, rollout workers, the evaluator, the autoscaler) logs
-its metrics to one place, the store's `metrics` table (stores/ledger.py). The
-sinks follow that table — by the table version that committed each row, so no
-row is missed or seen twice, whatever the writers' clocks — from *one* process:
-the local launcher while a run goes on, or `astraflow export` from any machine
-that can read the store (a cloud run, a finished run). Why not inside each
-component: a sink then can never slow down or stop a trainer or worker, a run
-is one W&B run rather than one per process (each `wandb.init` also starts a
-service process), and TensorBoard gets one clean event stream per series.
-
-Names (TensorBoard tags and W&B keys), grouped per policy:
+Every component logs its metrics to the store's `metrics` table; the sinks follow
+that table by commit version (no row missed or seen twice, whatever the writers'
+clocks) from one process: the local launcher during a run, or `astraflow export`
+from any machine that reads the store. So a sink can never slow down a trainer or
+worker, a run is one W&B run, and TensorBoard gets one sub-folder per component
+kind (each event file's steps only grow). Names (tags and keys), per policy:
 
     trainer   <policy>/<name>            e.g. solver/reward_mean   step: trainer step
     eval      <policy>/eval/<name>       e.g. solver/eval/heldout_accuracy   step: version
     rollout   <policy>/rollout/<name>    step: the policy's rollout batch, in commit order
     scale     scale/<pool>/<name>        step: decision, in commit order
-
-TensorBoard: one run (sub-folder) per component kind, so each event file's steps
-only grow (TensorBoard drops points whose step goes back, which is right for a
-trainer's rolled-back steps and wrong for several workers' own batch numbers:
-hence rollout points are numbered in commit order).
 """
 
 from __future__ import annotations
@@ -179,7 +169,9 @@ class Follower:
         for r in sorted_rows(new):
             comp, pol, commit = r["component"], r["policy"], r[CREATED_AT_VERSION]
             step = int(r["step"])
-            if comp in ("rollout", "scale"):  # numbered in commit order (see docstring)
+            # Rollout and scale points are numbered in commit order: TensorBoard drops a
+            # point whose step goes back, which several workers' own batch numbers would.
+            if comp in ("rollout", "scale"):
                 # One batch = the rows of one `log` call: they share its time. A commit
                 # may hold several (`store.metrics_every_s` batches a worker's metrics).
                 key, batch = (comp, pol), (commit, r["time"])
