@@ -2,13 +2,14 @@
 
 A leaf package like `astraflow.stores`: it imports neither the runtime, torch,
 modal nor sky (tested), so a policy can be written, simulated and unit-tested
-anywhere, then applied to a real run by `astraflow scale`.
+anywhere, then applied to a real run by `astraflow scale` (which finds a policy by
+name, built-in or `module:attr`, through astraflow.registry.make_policy).
 
     from astraflow.policies import CostAware, Scenario, Workload, simulate
     run = simulate(scenario, CostAware())          # cost, GPU-hours, trainer wait
     plan = CostAware().plan(observation)           # Plan(targets={pool: n}, reason=...)
 
-Modules: `api` (Observation, Pool, Plan, Policy, resolve_policy), `builtin`
+Modules: `api` (Observation, Pool, Plan, Policy), `builtin`
 (fixed, deadband, cost), `prices` (SkyPilot catalog or a CSV), `traces` (spot
 capacity traces), `scaling_sim` (the policies replayed over a run, on
 `cluster_sim`'s engine), `cluster_sim` (async vs sync projections).
@@ -23,7 +24,6 @@ from astraflow.policies.api import (
     PoolState,
     ScalingPolicy,
     TrainerState,
-    resolve_policy,
 )
 from astraflow.policies.builtin import CostAware, DeadBand, Fixed
 from astraflow.policies.prices import Catalog, PriceRow, load_prices, read_csv
@@ -34,5 +34,5 @@ __all__ = [
     "Catalog", "CostAware", "DeadBand", "Decision", "Fixed", "Observation", "Plan", "Policy",
     "Pool", "PoolState", "PriceRow", "ScalingPolicy", "Scenario", "SimRun", "SpotTrace",
     "TrainerState", "Workload", "format_runs", "load_prices", "load_trace", "read_csv",
-    "resolve_policy", "simulate",
+    "simulate",
 ]

@@ -16,7 +16,6 @@ Pure Python: no torch, modal or sky (tested).
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
@@ -172,32 +171,3 @@ class Decision:
     backlog_rows: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
-
-def resolve_policy(name: str, **params) -> ScalingPolicy:
-    """A built-in by name (`fixed`, `deadband`, `cost`), or a user's class/factory named
-    `module:attr`, called with `params`."""
-    from astraflow.policies import builtin
-
-    if ":" in name:
-        mod, _, attr = name.partition(":")
-        try:
-            obj = getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError) as err:
-            raise ValueError(f"cannot load scaling policy {name!r}: {err} (is its module's "
-                             f"folder on PYTHONPATH? e.g. `PYTHONPATH=. astraflow scale …`)"
-                             ) from None
-    else:
-        try:
-            obj = builtin.BUILTIN[name]
-        except KeyError:
-            raise ValueError(f"no built-in scaling policy {name!r}: use one of "
-                             f"{', '.join(builtin.BUILTIN)} or module:attr") from None
-    if hasattr(obj, "plan") and not isinstance(obj, type):
-        if params:
-            raise ValueError(f"scaling policy {name!r} is an instance: it takes no parameters")
-        pol = obj
-    else:
-        pol = obj(**params)
-    if not isinstance(pol, ScalingPolicy):
-        raise ValueError(f"scaling policy {name!r} has no plan(observation) method")
-    return pol

@@ -25,9 +25,9 @@ from astraflow.policies import (
     load_prices,
     load_trace,
     read_csv,
-    resolve_policy,
     simulate,
 )
+from astraflow.registry import make_policy
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -302,14 +302,14 @@ class Halve(Policy):
 
 
 def test_resolve_builtin_and_module_attr():
-    assert isinstance(resolve_policy("cost", headroom=0.1), CostAware)
-    assert resolve_policy("deadband", high=0.3).high == 0.3
-    pol = resolve_policy("tests.test_policies_scaling:Halve")
+    assert isinstance(make_policy("cost", headroom=0.1), CostAware)
+    assert make_policy("deadband", high=0.3).high == 0.3
+    pol = make_policy("tests.test_policies_scaling:Halve")
     assert pol.plan(_obs(live={"od": 6})).targets == {"od": 3}
     with pytest.raises(ValueError, match="no built-in"):
-        resolve_policy("nope")
+        make_policy("nope")
     with pytest.raises(ValueError, match="cannot load"):
-        resolve_policy("tests.nowhere:X")
+        make_policy("tests.nowhere:X")
 
 
 def test_prices_from_csv_and_from_a_sky_catalog(monkeypatch):

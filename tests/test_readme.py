@@ -337,13 +337,13 @@ def test_the_readme_stage_drops_and_counts(mypkg):
 def test_the_readme_workflow_plays_a_batch(mypkg):
     import random
 
+    from astraflow import registry
     from astraflow.envs.math import MathEnv
     from astraflow.models.tokenizer import CharCodec
     from astraflow.rollout.generation import Generation
-    from astraflow.workflows import resolve_workflow
     from astraflow.workflows.base import Workflow
 
-    cls = resolve_workflow("mypkg.flows:Brief")
+    cls = registry.resolve("workflow", "mypkg.flows:Brief")
     assert issubclass(cls, Workflow)
     codec, env = CharCodec.default(), MathEnv(digits=2)
     flow = cls(env, codec, samples_per_prompt=2)
@@ -382,9 +382,10 @@ def test_the_readme_env_passes_the_runtime_checks(mypkg):
 
 
 def test_the_readme_scaling_policy_runs_in_the_simulator(mypkg):
-    from astraflow.policies import Policy, Pool, Scenario, Workload, resolve_policy, simulate
+    from astraflow.policies import Policy, Pool, Scenario, Workload, simulate
+    from astraflow.registry import make_policy
 
-    policy = resolve_policy("mypkg.scaling:Greedy")
+    policy = make_policy("mypkg.scaling:Greedy")
     assert isinstance(policy, Policy)
     pools = (Pool("spot", spot=True, price_per_hour=0.4, rows_per_s=8.0),
              Pool("od", price_per_hour=0.8, rows_per_s=8.0))

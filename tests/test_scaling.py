@@ -524,7 +524,7 @@ def test_the_readme_api_snippet_simulates_and_its_policy_scales(tmp_path, monkey
     import re
     import shutil
 
-    from astraflow.policies import resolve_policy
+    from astraflow.registry import make_policy
     from astraflow.scale import Autoscaler, local_pool
     from astraflow.scale.backends import LocalBackend
     from astraflow.stores import Progress
@@ -544,7 +544,7 @@ def test_the_readme_api_snippet_simulates_and_its_policy_scales(tmp_path, monkey
     assert float(out.getvalue().strip()) > 0  # the rollout dollars of the simulated run
     (tmp_path / "mymodule.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
-    pol = resolve_policy("mymodule:Greedy")
+    pol = make_policy("mymodule:Greedy")
     ctx = _run_folder(tmp_path)
     ctx.ledger().log("trainer", "solver", 0, {"trainer_wait_s": 3.0, "step_time_s": 1.0,
                                               "rows_read": 16})

@@ -6,7 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from astraflow.data.stages import StageContext, resolve_stage, run_stages
+from astraflow import registry
+from astraflow.data.stages import StageContext, run_stages
 
 CTX = StageContext(policy="p", version=10, step=3)
 
@@ -19,21 +20,21 @@ def table(groups, rewards, versions=None):
 
 def test_group_advantages_normalised_per_group():
     t = table(["a", "a", "b", "b", "b", "b"], [1, 0, 1, 1, 0, 0])
-    res = resolve_stage("group_advantages")(t, CTX)
+    res = registry.resolve("stage", "group_advantages")(t, CTX)
     adv = res.rows.column("advantage").to_numpy()
     np.testing.assert_allclose(adv, [1, -1, 1, 1, -1, -1], atol=1e-4)
 
 
 def test_zero_variance_groups_filtered_and_counted():
     t = table(["a", "a", "b", "b", "c"], [1, 1, 0, 1, 1])
-    res = resolve_stage("zero_variance_filter")(t, CTX)
+    res = registry.resolve("stage", "zero_variance_filter")(t, CTX)
     assert res.rows.column("group_id").to_pylist() == ["b", "b"]
     assert res.dropped == {"zero_variance": 3}
 
 
 def test_staleness_bound():
     t = table(["a", "a", "b", "b"], [1, 0, 1, 0], versions=[10, 10, 1, 1])
-    res = resolve_stage("staleness")(t, CTX, max_versions=8)
+    res = registry.resolve("stage", "staleness")(t, CTX, max_versions=8)
     assert res.rows.num_rows == 2 and res.dropped == {"stale": 2}
 
 
@@ -64,7 +65,7 @@ def test_a_stage_that_hides_drops_is_refused():
 
 def test_unknown_stage_names_the_choices():
     with pytest.raises(ValueError, match="group_advantages"):
-        resolve_stage("grpo")
+        registry.resolve("stage", "grpo")
 
 
 def test_staleness_by_lineage():
@@ -73,7 +74,7 @@ def test_staleness_by_lineage():
     ctx = StageContext(policy="p", version=10, step=3,
                        lineage_staleness={3: 0, 10: 0, 9: 2, 5: None})
     t = table(["a"] * 4, [1, 0, 1, 0], versions=[3, 10, 9, 5])
-    res = resolve_stage("staleness")(t, ctx, max_versions=1)
+    res = registry.resolve("stage", "staleness")(t, ctx, max_versions=1)
     assert res.rows.column("behavior_version").to_pylist() == [3, 10]
     assert res.dropped == {"stale": 2}
     lag = ctx.row_staleness(t.column("behavior_version"))

@@ -10,14 +10,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from astraflow.data.stages import (
-    REPLAYED,
-    StageContext,
-    StageResult,
-    drop_rows,
-    resolve_stage,
-    run_stages,
-)
+from astraflow import registry
+from astraflow.data.stages import REPLAYED, StageContext, StageResult, drop_rows, run_stages
 from astraflow.train.batch import Batch
 from astraflow.train.loss import LossConfig, policy_loss
 from astraflow.train.step import StepSettings, optimize
@@ -45,15 +39,15 @@ def col(res: StageResult, name: str) -> np.ndarray:
 def test_dr_grpo_advantages_keep_the_reward_scale_and_sum_to_zero_per_group():
     groups = ["a", "a", "a", "a", "b", "b"]
     t = table(groups, [1, 0, 0, 0, 0.1, 0])
-    adv = col(resolve_stage("dr_grpo_advantages")(t, CTX), "advantage")
+    adv = col(registry.resolve("stage", "dr_grpo_advantages")(t, CTX), "advantage")
     np.testing.assert_allclose(adv, [0.75, -0.25, -0.25, -0.25, 0.05, -0.05], atol=1e-6)
     for g in ("a", "b"):
         assert abs(adv[[i for i, x in enumerate(groups) if x == g]].sum()) < 1e-6
     # GRPO blows the near-constant group b up to ±1 (std normalisation); Dr. GRPO does not,
     # and scaling every reward scales every advantage.
-    grpo = col(resolve_stage("group_advantages")(t, CTX), "advantage")
+    grpo = col(registry.resolve("stage", "group_advantages")(t, CTX), "advantage")
     assert grpo[4] == pytest.approx(1.0, abs=1e-3)
-    scaled = col(resolve_stage("dr_grpo_advantages")(table(groups, [10, 0, 0, 0, 1, 0]), CTX),
+    scaled = col(registry.resolve("stage", "dr_grpo_advantages")(table(groups, [10, 0, 0, 0, 1, 0]), CTX),
                  "advantage")
     np.testing.assert_allclose(scaled, 10 * adv, atol=1e-5)
 
@@ -61,7 +55,7 @@ def test_dr_grpo_advantages_keep_the_reward_scale_and_sum_to_zero_per_group():
 # ------------------------------------------------------------------ length normalisation
 def test_length_norm_writes_the_row_weights_and_composes():
     t = table(["a", "a", "a"], [1, 0, 0], masks=[[1, 1, 1, 1], [0, 1, 0], [0, 0]])
-    stage = resolve_stage("length_norm")
+    stage = registry.resolve("stage", "length_norm")
     assert col(stage(t, CTX), "loss_weight").tolist() == [1, 1, 1]
     seq = stage(t, CTX, mode="sequence_mean")
     assert col(seq, "loss_weight").tolist() == [0.25, 1.0, 0.0]
@@ -130,12 +124,12 @@ def test_weighted_loss_is_exact_under_micro_batches():
 # ------------------------------------------------------------------ over-length penalty
 def test_overlength_penalty_by_finish_reason():
     t = table(["a", "a", "a"], [1, 0, 1], reasons=["length", "length", "stop"])
-    res = resolve_stage("overlength_penalty")(t, CTX, penalty=0.5)
+    res = registry.resolve("stage", "overlength_penalty")(t, CTX, penalty=0.5)
     assert col(res, "reward").tolist() == [0.5, -0.5, 1.0]
     assert res.metrics == {"rows_overlong": 2.0, "overlength_penalty_mean": pytest.approx(-1 / 3)}
     no_reason = t.set_column(t.column_names.index("extras"), "extras", pa.array(["{}"] * 3))
     with pytest.raises(ValueError, match="no finish_reason"):
-        resolve_stage("overlength_penalty")(no_reason, CTX)
+        registry.resolve("stage", "overlength_penalty")(no_reason, CTX)
 
 
 def test_overlength_penalty_soft_by_length():
@@ -143,19 +137,19 @@ def test_overlength_penalty_soft_by_length():
     only tokens the policy wrote (loss mask 1) count."""
     masks = [[1, 1], [1, 1, 1], [1, 1, 1, 1], [1] * 5, [1, 1, 0, 0, 0, 0]]
     t = table(["a"] * 5, [1, 1, 1, 1, 1], masks=masks)
-    res = resolve_stage("overlength_penalty")(t, CTX, penalty=2.0, max_tokens=4, buffer_tokens=2)
+    res = registry.resolve("stage", "overlength_penalty")(t, CTX, penalty=2.0, max_tokens=4, buffer_tokens=2)
     assert col(res, "reward").tolist() == [1.0, 0.0, -1.0, -1.0, 1.0]
-    hard = resolve_stage("overlength_penalty")(t, CTX, max_tokens=4)
+    hard = registry.resolve("stage", "overlength_penalty")(t, CTX, max_tokens=4)
     assert col(hard, "reward").tolist() == [1, 1, 1, 0, 1]
 
 
 # ------------------------------------------------------------------ solved-task filter
 def test_solved_filter_drops_solved_groups_and_counts_them():
     t = table(["a", "a", "b", "b", "c", "c", "d", "d", "d", "d"], [1, 1, 1, 0, 0, 0, 1, 1, 1, 0])
-    res = resolve_stage("solved_filter")(t, CTX)
+    res = registry.resolve("stage", "solved_filter")(t, CTX)
     assert res.rows.column("group_id").to_pylist() == ["b", "b", "c", "c"] + ["d"] * 4
     assert res.dropped == {"solved": 2} and res.metrics == {"groups_solved": 1.0}
-    res = resolve_stage("solved_filter")(t, CTX, max_rate=0.75, min_rate=0.0)
+    res = registry.resolve("stage", "solved_filter")(t, CTX, max_rate=0.75, min_rate=0.0)
     assert res.rows.column("group_id").to_pylist() == ["b", "b"]
     assert res.dropped == {"solved": 6, "unsolved": 2}
     chained = run_stages(t, CTX, [("solved_filter", {"min_rate": 0.0})])
@@ -184,11 +178,9 @@ def _adds_unmarked(rows, ctx):
 
 
 def test_a_stage_that_miscounts_replayed_rows_is_refused(monkeypatch):
-    import astraflow.data.stages as stages
-
-    builtin = stages.builtin_stages()
-    monkeypatch.setattr(stages, "builtin_stages", lambda: {
-        **builtin, "drops_replayed_as_own": _drops_replayed_as_own, "adds_unmarked": _adds_unmarked})
+    for name in ("_drops_replayed_as_own", "_adds_unmarked"):
+        monkeypatch.setitem(registry.KINDS["stage"].builtins, name[1:],
+                            f"tests.test_stages_shaping:{name}")
     t = table(["a", "a"], [0, 1], replayed=[False, True])
     with pytest.raises(RuntimeError, match="use stages.drop_rows"):
         run_stages(t, CTX, [("drops_replayed_as_own", {})])

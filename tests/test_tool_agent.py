@@ -16,8 +16,9 @@ from collections import Counter
 
 import pytest
 
+from astraflow import registry
 from astraflow.config.loader import parse_flow
-from astraflow.envs import build_env, resolve_env
+from astraflow.envs import build_env
 from astraflow.envs.base import Limits, Task, ToolResult
 from astraflow.envs.search import RELATIONS, SearchEnv
 from astraflow.models.tokenizer import CharCodec
@@ -297,7 +298,7 @@ def test_rewards_grade_each_distinct_answer_once_and_concurrently():
 
 
 def test_env_resolution_by_name_and_module_attr(tmp_path):
-    assert resolve_env("search") is SearchEnv
+    assert registry.resolve("env", "search") is SearchEnv
     flow = parse_flow({"name": "e", "policies": [{"name": "p", "model": {"alphabet": "ascii"}}],
                        "env": {"name": "tests.test_tool_agent:EchoEnv",
                                "params": {"max_turns": 2}}})

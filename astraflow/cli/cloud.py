@@ -114,11 +114,11 @@ def scale(
     setup_logging("scale")
     quiet_libraries()
     logging.getLogger("astraflow.scale").setLevel(logging.INFO)
-    from astraflow.policies import resolve_policy
+    from astraflow.registry import make_policy
     from astraflow.scale import Autoscaler, backend_and_pools, plot_scale
 
     try:
-        pol = resolve_policy(policy, **parse_sets(param))
+        pol = make_policy(policy, **parse_sets(param))
         be, pools = backend_and_pools(ctx, target, backend, prices=prices,
                                       max_workers=max_workers, worker_minutes=worker_minutes)
     except (ValueError, FileNotFoundError) as err:

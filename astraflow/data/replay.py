@@ -1,24 +1,16 @@
 """Replay: mix earlier successful rows of the same prompt into this step's groups.
 
-A group whose samples all failed has no learning signal (every advantage is 0)
-and is usually filtered away. If the policy solved the same prompt before, a
-success it sampled then, put back into today's group, gives the group a baseline
-to beat and the policy a reason to move toward the answer it once found (RLEP,
-"Reinforcement Learning with Experience rePlay", 2025, mixes replayed successes
-with fresh rollouts the same way).
+A group whose samples all failed has no learning signal (every advantage is 0). If
+the policy solved the same prompt before, that success put back into today's group
+gives it a baseline to beat (as RLEP, "Reinforcement Learning with Experience
+rePlay", 2025, does). No buffer: the earlier rows are in the policy's table, and the
+trainer passes a read-only view of the rows before this step's cursor range
+(`StageContext.history`), so the stage stays a pure function and a redone step
+replays the same rows. Nothing extra is checkpointed.
 
-State without a buffer: the earlier rows are already in the policy's trajectory
-table. The trainer passes a read-only view of the rows before this step's cursor
-range (`StageContext.history`), so the stage stays a pure function of (rows,
-context): the table is append-only, and a step redone after a rollback replays
-the same rows. Nothing extra is checkpointed.
-
-Accounting: a replayed row was consumed (and counted in the ledger) by the step
-whose cursor range holds it. Here it is *extra* reuse: it carries `replayed =
-true`, is not in this step's rows_read or rows_used, and the trainer logs how many
-reached the loss as `rows_replayed`. Its behaviour version and logprobs are its
-own, so the loss's importance ratio (or the decoupled objective's capped weight)
-corrects for the policy having moved since.
+A replayed row carries `replayed = true` and is not counted again in the ledger; the
+trainer logs those that reached the loss as `rows_replayed`. Its behaviour version
+and logprobs are its own, so the loss's importance ratio corrects for the policy's drift.
 """
 
 from __future__ import annotations

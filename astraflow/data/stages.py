@@ -1,41 +1,29 @@
 """Data stages: pure functions that turn consumed trajectories into a batch.
 
-A stage takes the rows a trainer consumed (an Arrow table) and a context
-(the trainer's current weight version, step) and returns the rows it keeps
-plus a count of rows it dropped, by reason. Stages are chained by name in the
-flow YAML (`stages: [{name: staleness, params: {max_versions: 8}}, ...]`), or
-`module:attr` for a user's own function with the same signature — no system
-code changes to add one. Dropped rows are never silent: the trainer writes
-every count into the ledger (`stale` → rows_stale, anything else → rows_filtered)
-and each reason into its metrics (`rows_dropped_<reason>`).
+A stage takes the rows a trainer consumed (an Arrow table) and a StageContext and
+returns the rows it keeps plus counts of the rows it dropped, by reason. Stages are
+chained by name in the flow (`stages: [{name: staleness, params: {max_versions: 8}}]`),
+built-in (see astraflow.registry: `staleness`, `zero_variance_filter` and
+`group_advantages` here, `replay` in data/replay.py, the shaping stages in
+data/shaping.py) or `module:attr` for your own function with the same signature.
+Dropped rows are never silent: the trainer writes every count into the ledger
+(`stale` → rows_stale, anything else → rows_filtered) and its metrics.
 
-Built-in stages (see `builtin_stages`; the order below is the order to chain them in):
-
-    staleness             drop rows beyond a lineage staleness bound          (here)
-    replay                add earlier successful rows to today's groups      (data/replay.py)
-    overlength_penalty    lower the reward of truncated / over-long answers  (data/shaping.py)
-    solved_filter         drop groups every sample solved (or none did)      (data/shaping.py)
-    zero_variance_filter  drop groups whose rewards are all equal             (here)
-    group_advantages      GRPO: (reward − group mean) / group std             (here)
-    dr_grpo_advantages    Dr. GRPO: reward − group mean, no std               (data/shaping.py)
-    length_norm           token-mean or sequence-mean loss aggregation        (data/shaping.py)
-
-Replayed rows are *extra* uses of rows an earlier step consumed: they carry
-`replayed = true`, are never counted in the ledger's rows_read / rows_used (each
-consumed row is still counted exactly once, in the step whose cursor range holds
-it), and a stage that drops one reports it under the reason `replayed`
-(`drop_rows` does this for you). `run_stages` checks both rules for every stage.
+Replayed rows (`replayed = true`) are extra uses of rows an earlier step consumed:
+never counted again in the ledger, and dropped under the reason `replayed`
+(`drop_rows` does this). `run_stages` checks both rules for every stage.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+
+from astraflow import registry
 
 #: Marks rows a stage added that this step did not consume (replay); bool column.
 REPLAYED = "replayed"
@@ -190,44 +178,6 @@ def group_advantages(rows: pa.Table, ctx: StageContext, *, normalize_std: bool =
     return StageResult(rows.append_column("advantage", pa.array(adv.astype(np.float32))))
 
 
-def builtin_stages() -> dict[str, Callable[..., StageResult]]:
-    """Name → function of every built-in stage (imported here, not at module load:
-    the other stage modules import this one)."""
-    from astraflow.data import replay, shaping
-
-    return {
-        "staleness": staleness,
-        "replay": replay.replay,
-        "overlength_penalty": shaping.overlength_penalty,
-        "solved_filter": shaping.solved_filter,
-        "zero_variance_filter": zero_variance_filter,
-        "group_advantages": group_advantages,
-        "dr_grpo_advantages": shaping.dr_grpo_advantages,
-        "length_norm": shaping.length_norm,
-    }
-
-
-def resolve_stage(name: str) -> Callable[..., StageResult]:
-    """A built-in stage by name, or `package.module:attr` for a user's own."""
-    builtin = builtin_stages()
-    if name in builtin:
-        return builtin[name]
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as err:
-            raise ValueError(f"stage {name!r} could not be imported: {err} (is its module's "
-                             f"folder on PYTHONPATH? e.g. `PYTHONPATH=. astraflow run …`)") from err
-        if not callable(fn):
-            raise ValueError(f"stage {name!r} is not callable")
-        return fn
-    raise ValueError(
-        f"unknown stage {name!r}; built-in stages are {sorted(builtin)}, "
-        f"or give 'module:function' for your own"
-    )
-
-
 def run_stages(rows: pa.Table, ctx: StageContext, specs: list[tuple[str, dict[str, Any]]]) -> StageResult:
     """Apply stages in order, summing dropped counts by reason, and check that every
     stage accounts for every row: consumed rows it removed are in its `dropped`
@@ -239,7 +189,7 @@ def run_stages(rows: pa.Table, ctx: StageContext, specs: list[tuple[str, dict[st
     added = 0
     for name, params in specs:
         consumed, replays = rows.num_rows - replayed_count(rows), replayed_count(rows)
-        res = resolve_stage(name)(rows, ctx, **params)
+        res = registry.resolve("stage", name)(rows, ctx, **params)
         rows = res.rows
         reported = sum(int(v) for k, v in res.dropped.items() if k != REPLAYED)
         removed = consumed - (rows.num_rows - replayed_count(rows))

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from astraflow import registry
 from astraflow.envs import build_env
 from astraflow.envs.base import Env
-from astraflow.workflows import Workflow, resolve_workflow
+from astraflow.workflows import Workflow
 
 if TYPE_CHECKING:
     from astraflow.config.flow import FlowSpec
@@ -33,6 +34,6 @@ def make_env(flow: FlowSpec) -> Env:
 def make_workflow(flow: FlowSpec, codec: Codec) -> Workflow:
     """The flow's workflow on its environment, encoding with `codec`."""
     wf = flow.workflow
-    return resolve_workflow(wf.name)(make_env(flow), codec,
-                                     samples_per_prompt=flow.rollout.samples_per_prompt,
-                                     max_new_tokens=flow.rollout.max_new_tokens, **wf.params)
+    cls: type[Workflow] = registry.resolve("workflow", wf.name)
+    return cls(make_env(flow), codec, samples_per_prompt=flow.rollout.samples_per_prompt,
+               max_new_tokens=flow.rollout.max_new_tokens, **wf.params)
