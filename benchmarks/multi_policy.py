@@ -15,7 +15,7 @@
    solver accuracy and verifier judgement accuracy. Ratios > 1: decoupled is faster.
 2. Projected. The per-component times the sync runs measured (generation per
    policy, each trainer's step, publish, reload, checkpoint, append; no other
-   process competing for the cores) feed astraflow.policies.cluster_sim, which
+   process competing for the cores) feed benchmarks/cluster_projection.py, which
    replays both designs' real dependencies on the paper's cluster (4 rollout
    devices + 2 per trainer, against 8 colocated) and prints the ratio with its
    assumptions beside the paper's 2.74x.
@@ -36,13 +36,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import cluster_projection as cluster_sim
 import yaml
 from common import run_from_version0, steady_rates, time_to, version0
 from rich.console import Console
 
 from astraflow.config.loader import load_flow
 from astraflow.context import RunContext, quiet_libraries
-from astraflow.policies import cluster_sim
 
 
 def one_run(flow_path: str, root: Path, v0: dict[str, Path], name: str, overrides: dict[str, Any],

@@ -67,9 +67,19 @@ from dataclasses import asdict
 from pathlib import Path
 
 from scaling_data import SETS, SPEED, Case, cases, load_catalog
+from scaling_floor import hindsight_floor, plot_runs
 
-from astraflow.policies import Catalog, CostAware, DeadBand, Fixed, Pool, SimRun, simulate
-from astraflow.policies.scaling_sim import format_runs, hindsight_floor, plot_runs
+from astraflow.policies import (
+    Catalog,
+    CostAware,
+    DeadBand,
+    Fixed,
+    Pool,
+    SimRun,
+    format_runs,
+    simulate,
+)
+from astraflow.policies.options import read_options
 
 ROOT = Path(__file__).resolve().parents[1]
 # ../shared/data beside the main checkout; a worktree under wt/ has it one level further up.
@@ -221,13 +231,6 @@ def run_case(case: Case, steps: int, out: Path, params: dict) -> dict:
         "band_wait": dead.trainer_wait_fraction, "traces": list(case.mapping), "png": str(png)}
 
 
-def _value(v: str) -> float | str:
-    try:
-        return float(v)
-    except ValueError:
-        return v
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=DATA, help="../shared/data")
@@ -239,15 +242,20 @@ def main(argv: list[str] | None = None) -> int:
                          "added after them, kept unseen until a revised hedge is run on "
                          "them once; fresh2, fresh3: a second and a third such set; "
                          "all: every set")
-    ap.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                    help="a CostAware parameter for the `cost` run (default: its defaults "
-                         "and bootstrap = need - 1), e.g. --param max_pool_share=0.333")
+    ap.add_argument("--policy-config", default=None, metavar="FILE.yaml|'{k: v}'",
+                    help="CostConfig options for the cost runs (default: its defaults and "
+                         "bootstrap = need - 1), e.g. --policy-config '{wait_budget: 0.05}'")
     ns = ap.parse_args(argv)
     if not (ns.data / "gpu_prices.csv").exists():
         print(f"no {ns.data}/gpu_prices.csv: pass --data", file=sys.stderr)
         return 2
     ns.out.mkdir(parents=True, exist_ok=True)
-    params = {k: _value(v) for k, _, v in (p.partition("=") for p in ns.param)}
+    try:
+        params = read_options(ns.policy_config)
+        CostAware(**params)  # checked once here, not in the middle of the runs
+    except ValueError as err:
+        print(f"--policy-config: {err}", file=sys.stderr)
+        return 2
     todo, trainer_price = cases(ns.data, ns.steps, ns.only, ns.which)
     if params:
         print(f"cost runs with {params} (not its defaults)")

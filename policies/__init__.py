@@ -9,10 +9,10 @@ name, built-in or `module:attr`, through astraflow.registry.make_policy).
     run = simulate(scenario, CostAware())          # cost, GPU-hours, trainer wait
     plan = CostAware().plan(observation)           # Plan(targets={pool: n}, reason=...)
 
-Modules: `api` (Observation, Pool, Plan, Policy), `builtin`
-(fixed, deadband, cost), `prices` (SkyPilot catalog or a CSV), `traces` (spot
-capacity traces), `scaling_sim` (the policies replayed over a run, on
-`cluster_sim`'s engine), `cluster_sim` (async vs sync projections).
+Modules: `api` (Observation, Pool, Plan, Policy), `builtin` (fixed, deadband),
+`cost` (the cost-aware policy and its typed `CostConfig`), `prices` (SkyPilot catalog
+or a CSV), `traces` (spot capacity traces), `scaling_sim` (the policies replayed over
+a run, on the discrete-event engine of `events`).
 """
 
 from astraflow.policies.api import (
@@ -25,14 +25,15 @@ from astraflow.policies.api import (
     ScalingPolicy,
     TrainerState,
 )
-from astraflow.policies.builtin import CostAware, DeadBand, Fixed
+from astraflow.policies.builtin import DeadBand, Fixed
+from astraflow.policies.cost import CostAware, CostConfig
 from astraflow.policies.prices import Catalog, PriceRow, load_prices, read_csv
 from astraflow.policies.scaling_sim import Scenario, SimRun, Workload, format_runs, simulate
 from astraflow.policies.traces import SpotTrace, load_trace
 
 __all__ = [
-    "Catalog", "CostAware", "DeadBand", "Decision", "Fixed", "Observation", "Plan", "Policy",
-    "Pool", "PoolState", "PriceRow", "ScalingPolicy", "Scenario", "SimRun", "SpotTrace",
+    "Catalog", "CostAware", "CostConfig", "DeadBand", "Decision", "Fixed", "Observation", "Plan",
+    "Policy", "Pool", "PoolState", "PriceRow", "ScalingPolicy", "Scenario", "SimRun", "SpotTrace",
     "TrainerState", "Workload", "format_runs", "load_prices", "load_trace", "read_csv",
     "simulate",
 ]

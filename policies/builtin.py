@@ -1,18 +1,67 @@
-"""Built-in scaling policies: fixed, dead band on trainer wait, cost-aware.
+"""Built-in scaling policies: fixed and the dead band on trainer wait (cost: `cost/`).
 
     fixed     N workers in one pool, whatever happens (the baseline).
     deadband  the AstraFlow paper's: one pool; add `step` workers when the trainer
               waited more than `high` of the window, retire `step` when it waited
               less than `low` and the backlog is past `backlog_high` of the
               backpressure bound (workers about to block). Hold otherwise.
-    cost      fewest dollars per useful row that keeps every trainer fed, in the pools
-              whose rows take no more GPU-hours than on-demand's (`cost.py`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
 from astraflow.policies.api import Observation, Plan, Policy, PoolState
-from astraflow.policies.cost import CostAware
+from astraflow.policies.options import explain
+
+_TYPED = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class FixedConfig(BaseModel):
+    """The `fixed` policy's settings."""
+
+    model_config = _TYPED
+    workers: int = Field(1, ge=0)
+    """Workers to run, always."""
+    pool: str | None = None
+    """The pool they run in (default: the first pool)."""
+
+
+class DeadBandConfig(BaseModel):
+    """The `deadband` policy's settings."""
+
+    model_config = _TYPED
+    pool: str | None = None
+    """The pool it scales (default: the first pool)."""
+    low: float = Field(0.02, ge=0, le=1)
+    """Retire `step` workers when the trainer waited less than this share of the window
+    (and the backlog is past `backlog_high` of its bound)."""
+    high: float = Field(0.10, ge=0, le=1)
+    """Add `step` workers when the trainer waited more than this share of the window."""
+    step: int = Field(1, ge=1)
+    """Workers added or retired at a time."""
+    min_workers: int = Field(1, ge=0)
+    """Never fewer workers than this."""
+    backlog_high: float = Field(0.75, ge=0, le=1)
+    """Share of the backpressure bound past which workers are about to block."""
+    start: int | None = Field(None, ge=0)
+    """Workers to start with when none runs (None: grow from `min_workers`)."""
+
+    @model_validator(mode="after")
+    def _band(self) -> DeadBandConfig:
+        if not self.low <= self.high:
+            raise ValueError(f"need 0 <= low <= high <= 1, got low={self.low} "
+                             f"high={self.high} (e.g. low: 0.02, high: 0.10)")
+        return self
+
+
+def _typed(model: type[BaseModel], what: str, **options: Any) -> Any:
+    try:
+        return model(**options)
+    except ValidationError as err:
+        raise ValueError(explain(err, what)) from None
 
 
 def _one_pool(obs: Observation, pool: str | None) -> PoolState:
@@ -25,7 +74,8 @@ class Fixed(Policy):
     name = "fixed"
 
     def __init__(self, workers: int = 1, pool: str | None = None):
-        self.workers, self.pool = int(workers), pool
+        self.config = _typed(FixedConfig, "fixed", workers=workers, pool=pool)
+        self.workers, self.pool = self.config.workers, pool
 
     def plan(self, obs: Observation) -> Plan:
         p = _one_pool(obs, self.pool)
@@ -40,10 +90,12 @@ class DeadBand(Policy):
     def __init__(self, pool: str | None = None, low: float = 0.02, high: float = 0.10,
                  step: int = 1, min_workers: int = 1, backlog_high: float = 0.75,
                  start: int | None = None):
-        if not 0 <= low <= high <= 1:
-            raise ValueError(f"deadband: need 0 <= low <= high <= 1, got low={low} high={high}")
-        self.pool, self.low, self.high, self.step = pool, low, high, step
-        self.min_workers, self.backlog_high, self.start = min_workers, backlog_high, start
+        self.config = _typed(DeadBandConfig, "deadband", pool=pool, low=low, high=high,
+                             step=step, min_workers=min_workers, backlog_high=backlog_high,
+                             start=start)
+        c = self.config
+        self.pool, self.low, self.high, self.step = c.pool, c.low, c.high, c.step
+        self.min_workers, self.backlog_high, self.start = c.min_workers, c.backlog_high, c.start
 
     def plan(self, obs: Observation) -> Plan:
         p = _one_pool(obs, self.pool)
@@ -65,6 +117,3 @@ class DeadBand(Policy):
             return Plan({p.pool.name: self.min_workers},
                         f"up to min_workers {self.min_workers} (trainer waited {wait:.0%})")
         return Plan({p.pool.name: n}, f"hold at {n} (trainer waited {wait:.0%})")
-
-
-BUILTIN: dict[str, type[Policy]] = {"fixed": Fixed, "deadband": DeadBand, "cost": CostAware}

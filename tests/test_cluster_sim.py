@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from astraflow.policies.cluster_sim import (
+from benchmarks.cluster_projection import (
     PAPER,
     Cluster,
     Measured,

@@ -1,68 +1,26 @@
-"""Project seconds per iteration on a GPU cluster from step times measured here.
+"""Project seconds per iteration of the async and sync designs on a GPU cluster.
 
 The paper's claim (Solver + Verifier, 212.6 s vs 77.7 s per iteration, 2.74x) is
-about a cluster we do not have. So we measure each component's step time on our
-machine and replay the two designs' dependencies in a deterministic
-discrete-event simulation. Every number is a measured input or a stated
-assumption (`assumptions()`); nothing is fitted to the paper.
+about a cluster we do not have. So each component's step time is measured on our
+machine and the two designs' dependencies are replayed in a deterministic
+discrete-event simulation (`astraflow.policies.events`). Every number is a measured
+input or a stated assumption (`assumptions()`); nothing is fitted to the paper. The
+model, drawn (worker and trainer loops, backpressure, shedding, the sync baseline):
+docs/benchmarks/projection.md.
 
-Async (decoupled; what our code does). R workers, one device each; one trainer
-per policy on G devices; they meet only in the store:
-
-    worker k: wait_for_room ─► gen p1 ─► env ─► gen p2 .. pn ─► env ─► append open p ─┐
-       ▲ one check = for EVERY policy p in turn: read p's progress file; if it names  │
-       │ a version we do not hold, reload p (reload_s, inside the check); then open?  │
-       │ (backlog[p] = appended - completed < B). None open: sleep poll_s after the   │
-       │ check ended and check again. Else produce: every policy generates its turns  │
-       │ (the episode needs them all), but only the rows of the policies open at that │
-       │ check are appended (append_s each); a closed policy's rows are SHED.         │
-       └──────────────────────────────────────────────────────────────────────────────┘
-                      rows ▼                 ▲ progress file: version + consumed rows
-    trainer p: poll table ─► step train_s / speedup(G) ─► publish (every k-th) ─► progress
-               ─► checkpoint (every c-th step, blocks this trainer only) ─► poll again
-
-Sync (trainer-centred baseline). D colocated devices, one phase at a time:
-
-    reload changed ─► gen p1 / speedup(D) ─► env ─► gen p2 .. pn / speedup(D) ─► env
-        ─► append all ─► for each policy: train / speedup(D) [─► publish] [─► checkpoint]
-
-Env waits per batch are the workflow's: `single` waits once (after the solver's
-turn), `solver_verifier` twice (after the solver's turn, and once after all
-verifiers judged: their waits overlap), however many verifiers it has
-(`Measured.env_waits` overrides this).
-
-Assumptions (figures: `assumptions(m, c)`): step times are deterministic and
-identical for every batch; a batch split over g > 1 devices takes t / (g * eff);
-env/tool wait does not shrink with hardware; publish, reload, checkpoint and
-append are never split and cost exactly their measured time (no extra network
-transfer, no store contention); async generation never splits a batch; an
-iteration is one trainer step of every policy, and a step is worth the same in
-both designs (staleness is not modelled); no failures or restarts; no version
-barrier. Workers start together and, with identical times, stay in phase, so
-their appends arrive in bursts; the backpressure check precedes generation, so
-it can overshoot (R workers passing together at backlog B - 1 leave B - 1 + R)
-and then bind. Backpressure is per policy: a slow trainer closes only its own
-policy, whose rows are then shed while the workers keep feeding the others, so
-a fast trainer steps at the workers' pace and the slow one sets the iteration;
-workers wait only while every policy is closed. It can also starve a trainer:
-the batch being trained still counts as backlog (until its progress is
-written), so with max_backlog_batches=2 a trainer mostly finds at most one batch
-queued when it finishes, and if a worker's batch takes longer than a step, the
-trainer waits.
-A reload costs a worker time only when it is not already blocked: it happens in
-the check, so a version that appears while the worker waits for room is loaded
-in the wait.
+    python benchmarks/cluster_projection.py measured.json --rollout-devices 4
 """
 
 from __future__ import annotations
 
 import argparse
-import heapq
 import json
 import math
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from astraflow.policies.events import NOW, Engine, Wait
 
 PAPER = {"sync_s_per_iteration": 212.6, "async_s_per_iteration": 77.7, "ratio": 2.74}
 
@@ -214,15 +172,9 @@ class SimResult:
     seconds_per_iteration: float
     steps: dict[str, int]  # per policy, in the measured window
     trainer_busy_fraction: dict[str, float]  # of the window spent step/publish/checkpoint
-    # async: mean share of the window workers sat idle in wait_for_room (polling or sleeping;
-    # reloads done inside its checks are work and are not counted)
-    worker_blocked_fraction: float
-    # async: per policy, the share of the batches produced in the window (finished in it)
-    # whose rows for that policy were shed (policy closed at the batch's check); sync: 0
-    shed_fraction: dict[str, float]
-    # per policy, the most batches ever appended but not yet trained (whole run, warm-up
-    # included): at most max_backlog_batches - 1 + rollout_devices in async; sync: 1
-    peak_backlog: dict[str, int]
+    worker_blocked_fraction: float  # async: mean share idle in wait_for_room (not reloads)
+    shed_fraction: dict[str, float]  # async: share of the window's batches shed per policy
+    peak_backlog: dict[str, int]  # most batches appended, not trained (async: <= B - 1 + R)
 
 
 @dataclass
@@ -235,82 +187,6 @@ class Projection:
     async_result: SimResult
     ratio: float  # sync / async seconds per iteration
     assumptions: list[str]
-
-
-# -- event loop ------------------------------------------------------------------
-_WORK, _CHECK = 0, 1  # at equal times, work that ends (and changes state) precedes checks
-
-
-@dataclass(frozen=True)
-class _Wait:
-    """Yielded by an actor: resume once `ready()` holds, polling every `poll_s`."""
-
-    ready: Callable[[], bool]
-    poll_s: float
-
-
-_NOW = _Wait(lambda: True, 1.0)  # resume at once, but after all work ending this instant
-
-
-class _Actor:
-    def __init__(self, gen: Generator[float | _Wait, None, None]) -> None:
-        self.gen, self.wait = gen, _Wait(lambda: True, 1.0)
-        self.start, self.tick, self.blocked, self.pending = 0.0, 0, False, False
-
-
-class _Engine:
-    """Actors are generators yielding a duration (work) or a `_Wait` (poll loop).
-
-    A blocked actor re-checks at start + k * poll_s exactly as a sleep loop would,
-    but a tick is only simulated when some work ended since its last check (state
-    only changes then), so long waits cost no events. Ties: (time, work before
-    check, insertion order): deterministic, no randomness."""
-
-    def __init__(self) -> None:
-        self.now, self._heap, self._seq, self._actors = 0.0, [], 0, []
-
-    def spawn(self, gen: Generator[float | _Wait, None, None]) -> None:
-        self._actors.append(a := _Actor(gen))
-        self._advance(a)
-
-    def _push(self, t: float, kind: int, a: _Actor) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (t, kind, self._seq, a))
-
-    def _advance(self, a: _Actor) -> None:
-        try:
-            cmd = next(a.gen)
-        except StopIteration:  # an actor may end (a retired or preempted worker)
-            self._actors.remove(a)
-            return
-        if isinstance(cmd, _Wait):
-            a.wait, a.blocked, a.pending = cmd, False, True
-            self._push(self.now, _CHECK, a)  # check after all work ending now
-        else:
-            self._push(self.now + cmd, _WORK, a)
-
-    def run(self, done: Callable[[], bool], max_events: int = 5_000_000) -> None:
-        """Run until `done()` holds and everything due at that instant has run too."""
-        for _ in range(max_events):
-            if done() and (not self._heap or self._heap[0][0] > self.now):
-                return
-            t, kind, _, a = heapq.heappop(self._heap)
-            self.now = t
-            if kind == _CHECK:
-                a.pending = False
-                if not a.wait.ready():
-                    if not a.blocked:
-                        a.blocked, a.start, a.tick = True, t, 0
-                    continue  # a failed check changes nothing: nobody else re-checks
-                a.blocked = False
-            self._advance(a)
-            for b in self._actors:  # state may have changed: blocked actors check at next tick
-                if b.blocked and not b.pending:
-                    p = b.wait.poll_s
-                    b.tick = max(b.tick + 1, math.ceil((self.now - b.start) / p - 1e-9))
-                    b.pending = True
-                    self._push(max(self.now, b.start + b.tick * p), _CHECK, b)
-        raise RuntimeError(f"simulation did not finish within {max_events} events")
 
 
 def _overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:
@@ -333,7 +209,7 @@ def simulate_async(m: Measured, c: Cluster, iterations: int = 200, warmup: int =
     `shed_fraction` counts (a batch counts when its last append ends). A step
     completes when its progress is written."""
     _check_run(iterations, warmup)
-    pols, n, eng = m.policies, len(m.policies), _Engine()
+    pols, n, eng = m.policies, len(m.policies), Engine()
     # What trainer i's progress file says (version, completed) and what its table holds.
     appended, consumed, completed, version = [0] * n, [0] * n, [0] * n, [0] * n
     done_at: list[list[float]] = [[] for _ in pols]
@@ -344,10 +220,10 @@ def simulate_async(m: Measured, c: Cluster, iterations: int = 200, warmup: int =
     peak = [0] * n
     full = c.max_backlog_batches
 
-    def worker(k: int) -> Generator[float | _Wait, None, None]:
+    def worker(k: int) -> Generator[float | Wait, None, None]:
         held = [0] * n  # the versions this worker has loaded
 
-        def check() -> Generator[float | _Wait, None, list[int]]:
+        def check() -> Generator[float | Wait, None, list[int]]:
             """One pass of wait_for_room's loop: `_room(p)` for EVERY policy, in turn;
             returns the open ones (`self.open`)."""
             opened = []
@@ -356,7 +232,7 @@ def simulate_async(m: Measured, c: Cluster, iterations: int = 200, warmup: int =
                 if version[i] != held[i]:  # it names a version we do not hold: load it now
                     held[i] = version[i]
                     yield p.reload_s
-                    yield _NOW  # see work ending at this very instant, as checks do
+                    yield NOW  # see work ending at this very instant, as checks do
                 if appended[i] - seen < full:  # then counts the table's rows
                     opened.append(i)
             return opened
@@ -367,7 +243,7 @@ def simulate_async(m: Measured, c: Cluster, iterations: int = 200, warmup: int =
             return (any(version[i] != held[i] for i in range(n))
                     or any(appended[i] - completed[i] < full for i in range(n)))
 
-        def waiting(cmd: float | _Wait) -> Generator[float | _Wait, None, None]:
+        def waiting(cmd: float | Wait) -> Generator[float | Wait, None, None]:
             open_since["w", k] = t0 = eng.now
             yield cmd
             idle[k].append((t0, eng.now))
@@ -375,10 +251,10 @@ def simulate_async(m: Measured, c: Cluster, iterations: int = 200, warmup: int =
 
         while True:
             # wait_for_room: check at once; while no policy is open, sleep poll_s, check again.
-            yield from waiting(_Wait(check_differs, c.worker_poll_s))
+            yield from waiting(Wait(check_differs, c.worker_poll_s))
             while not (opened := (yield from check())):
                 yield from waiting(c.worker_poll_s)  # the sleep starts when the check ended
-                yield from waiting(_Wait(check_differs, c.worker_poll_s))
+                yield from waiting(Wait(check_differs, c.worker_poll_s))
             # Every policy generates its turns, open or not: the episode needs them all.
             yield from batch_phases(m)  # one device, the whole batch; shared state untouched
             for i in opened:  # a closed policy's rows are shed: no append, no append_s
@@ -387,10 +263,10 @@ def simulate_async(m: Measured, c: Cluster, iterations: int = 200, warmup: int =
                 peak[i] = max(peak[i], appended[i] - completed[i])
             produced.append((eng.now, opened))
 
-    def trainer(i: int, p: PolicyTimes) -> Generator[float | _Wait, None, None]:
+    def trainer(i: int, p: PolicyTimes) -> Generator[float | Wait, None, None]:
         step_s, steps = p.train_s / speedup(c.trainer_devices, c.scaling_efficiency), 0
         while True:
-            yield _Wait(lambda: appended[i] > consumed[i], c.trainer_poll_s)
+            yield Wait(lambda: appended[i] > consumed[i], c.trainer_poll_s)
             consumed[i] += 1
             open_since["t", i] = t0 = eng.now
             yield step_s
@@ -547,7 +423,7 @@ def format_projection(p: Projection) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m astraflow.policies.cluster_sim",
+    ap = argparse.ArgumentParser(prog="python benchmarks/cluster_projection.py",
                                  description="Project s/iteration of async vs sync designs.")
     ap.add_argument("measured", help="JSON file of Measured.to_dict() form")
     d = Cluster()
