@@ -21,7 +21,7 @@ def read_options(spec: str | Path | None) -> dict[str, Any]:
         return {}
     text = str(spec)
     path = Path(text).expanduser()
-    inline = text.lstrip().startswith("{") or ("\n" in text) or (":" in text and not path.exists())
+    inline = text.lstrip().startswith(("{", "[")) or ("\n" in text) or (":" in text and not path.exists())
     if not inline:
         try:
             text = path.read_text()

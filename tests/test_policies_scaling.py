@@ -516,3 +516,21 @@ def test_simulated_fleet_is_what_the_trainer_consumes_without_flapping():
     mean_live = sum(sum(p["live"].values()) for p in busy) / len(busy)
     assert mean_live <= need + 1, mean_live
     assert run.gpu_hours_use["blocked"] < 0.02 * run.gpu_hours
+
+
+def test_policy_options_from_a_yaml_file_or_an_inline_mapping(tmp_path):
+    """`--policy-config` (astraflow scale, benchmarks/scaling.py): a file or an inline
+    mapping; anything else is refused saying what to give."""
+    from astraflow.policies.options import read_options
+
+    (tmp_path / "cost.yaml").write_text("wait_budget: 0.02\ngpu_ref: fewest\n")
+    assert read_options(tmp_path / "cost.yaml") == {"wait_budget": 0.02, "gpu_ref": "fewest"}
+    assert read_options("{high: 0.3, min_workers: 0}") == {"high": 0.3, "min_workers": 0}
+    assert read_options(None) == {} and read_options("") == {}
+    assert CostAware(**read_options(str(tmp_path / "cost.yaml"))).config.wait_budget == 0.02
+    with pytest.raises(ValueError, match="cannot read it"):
+        read_options(tmp_path / "missing.yaml")
+    with pytest.raises(ValueError, match="expected a mapping"):
+        read_options("[1, 2]")
+    with pytest.raises(ValueError, match="deadband policy config: need 0 <= low <= high"):
+        DeadBand(low=0.5, high=0.1)

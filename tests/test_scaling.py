@@ -274,7 +274,7 @@ def _start_scaler(run_dir: Path, log: Path) -> subprocess.Popen:
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "astraflow", "scale", str(run_dir), "--policy", "deadband",
-             "--param", "high=0.3", "--param", "low=0.1", "--param", "min_workers=0",
+             "--policy-config", "{high: 0.3, low: 0.1, min_workers: 0}",
              "--max-workers", "2", "--interval", "2", "--window", "8", "--worker-minutes", "5"],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -87,8 +87,11 @@ def scale(
                                                "(its `runs/<name>/` folder, or its store.uri)")],
     policy: Annotated[str, typer.Option(help="fixed | deadband | cost | module:attr")] = "deadband",
     backend: Annotated[str, typer.Option(help="local | modal | sky")] = "local",
-    param: Annotated[list[str], typer.Option("--param", help="policy parameter key=value, "
-                                                             "e.g. high=0.2")] = [],  # noqa: B006
+    policy_config: Annotated[str | None, typer.Option(
+        "--policy-config", metavar="FILE.yaml|'{k: v}'",
+        help="the policy's options: a YAML file or an inline mapping, checked against its "
+             "typed config (e.g. '{high: 0.2}' for deadband, '{wait_budget: 0.02}' for cost)"
+    )] = None,
     max_workers: Annotated[int, typer.Option(help="most workers per pool")] = 4,
     prices: Annotated[Path | None, typer.Option(help="price CSV (default: SkyPilot's catalog); "
                                                      "modal/sky pools only")] = None,
@@ -118,7 +121,13 @@ def scale(
     from astraflow.scale import Autoscaler, backend_and_pools, plot_scale
 
     try:
-        pol = make_policy(policy, **parse_sets(param))
+        from astraflow.policies.options import read_options
+
+        options = read_options(policy_config)
+        try:
+            pol = make_policy(policy, **options)
+        except TypeError as err:  # a user's policy given an option it does not take
+            raise ValueError(f"--policy-config for {policy}: {err}") from None
         be, pools = backend_and_pools(ctx, target, backend, prices=prices,
                                       max_workers=max_workers, worker_minutes=worker_minutes)
     except (ValueError, FileNotFoundError) as err:
