@@ -16,11 +16,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from astraflow.config.model import ModelSpec
 from astraflow.context import RunContext
 from astraflow.models.codec import load_codec
 from astraflow.models.factory import build_model
@@ -30,6 +29,9 @@ from astraflow.models.weights import load_weights_into
 from astraflow.stores import WeightError
 from astraflow.train.warm_start import warm_start
 from astraflow.workflows.workload import make_workflow
+
+if TYPE_CHECKING:
+    from astraflow.config.model import ModelSpec
 
 
 def ensure_imported(spec: ModelSpec, console: Console) -> None:

@@ -14,13 +14,16 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from astraflow.config.model import WarmStartSpec
 from astraflow.models.codec import Codec
 from astraflow.rollout.engine import HFEngine
 from astraflow.workflows import Workflow
+
+if TYPE_CHECKING:
+    from astraflow.config.model import WarmStartSpec
 
 log = logging.getLogger("astraflow.warm_start")
 
