@@ -37,7 +37,7 @@ and meets the aim only by having fewer GPU-hours at its lower wait ("dominates")
 Where the data make the cost aim unreachable (the cheapest spot $/row over the cheapest
 on-demand $/row, before any overhead, above 0.6) the floor is printed beside it.
 
-HINDSIGHT FLOOR (`scaling_sim.hindsight_floor`): what a policy that knew every trace in
+HINDSIGHT FLOOR (`scaling_floor.hindsight_floor`): what a policy that knew every trace in
 advance would pay at least, over fixed-od's dollars: the cheapest rows the pools' traced
 capacity offers at the trainer's pace over the longest run that waits 5%, with no cold
 start, lost batch or surplus worker. Two: at any GPU-hours, and within the GPU-hours of
