@@ -138,6 +138,9 @@ def test_inspect_decodes_turns_tools_and_advantage(local_run):
     (["inspect", "{run}", "--policy", "nobody"], "no policy 'nobody'"),
     (["status", "{missing}"], "is not a run folder"),
     (["inspect", "{missing}"], "is not a run folder"),
+    (["eval", "{run}", "--policy", "nobody"], "no policy 'nobody'"),
+    (["eval", "{run}", "--version", "999"], "no weight version 999 of solver"),
+    (["export", "{run}", "--to", "nothing"], "--to takes tensorboard or wandb, not 'nothing'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(local_run, tmp_path, args, message):
     args = [a.format(run=local_run.run_dir, missing=tmp_path / "nope") for a in args]

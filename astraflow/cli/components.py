@@ -102,24 +102,16 @@ def eval_(
     """Greedy held-out metric of a published weight version (accuracy for a solver,
     judgement accuracy for a verifier), one line per policy."""
     ctx = open_run(run_dir, "eval", quiet=as_json)
-    from astraflow.local.evaluate import Evaluator
+    from astraflow.local.evaluate import EvalError, held_out
 
-    names = ctx.flow.policy_names()
-    if policy is not None and policy not in names:
-        fail(f"no policy {policy!r} in this flow (policies: {', '.join(names)})")
     out: dict[str, dict[str, object]] = {}
-    for name in [policy] if policy else names:
-        ev = Evaluator(ctx, name)
-        v = ctx.weights().latest(name) if version is None else version
-        if v is None:
-            fail(f"no weight versions of {name} in {ctx.weights_root}")
-        if v not in ctx.weights().versions(name):
-            fail(f"no weight version {v} of {name} in {ctx.weights_root} (kept: "
-                 f"{ctx.weights().versions(name)[-8:]})")
-        out[name] = {"version": v, "metric": ev.metric, "accuracy": ev(v), "tasks": len(ev.items)}
-        if not as_json:
-            r = out[name]
-            typer.echo(f"{name} v{v}: held-out {r['metric']} {r['accuracy']:.1%} on "
-                       f"{r['tasks']} tasks")
+    try:
+        for name, r in held_out(ctx, policy, version):
+            out[name] = r
+            if not as_json:
+                typer.echo(f"{name} v{r['version']}: held-out {r['metric']} {r['accuracy']:.1%} "
+                           f"on {r['tasks']} tasks")
+    except EvalError as err:
+        fail(str(err))
     if as_json:
         typer.echo(json.dumps({"flow": ctx.flow.name, "policies": out}, indent=2))

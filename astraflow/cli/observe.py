@@ -109,18 +109,9 @@ def export(
     from astraflow.observe import sinks
 
     try:
-        if to == "tensorboard":
-            out = logdir or ctx.run_dir / "tensorboard-export"
-            sink: sinks.Sink = sinks.TensorBoardSink(out)
-            where = str(out)
-        elif to == "wandb":
-            import uuid
-
-            sink = sinks.WandbSink(ctx, run_id=run_id or f"{sinks.wandb_run_id(ctx)}-"
-                                                          f"{uuid.uuid4().hex[:6]}")
-            where = f"W&B run {sink.run.id}"
-        else:
-            fail(f"--to takes tensorboard or wandb, not {to!r}")
+        sink, where = sinks.export_sink(ctx, to, logdir=logdir, run_id=run_id)
+    except sinks.UnknownSink as err:
+        fail(str(err))
     except ImportError as err:
         fail(f"{err.name} is not installed: pip install -e '.[{to}]'")
     follower = sinks.Follower(ctx, [sink])

@@ -9,6 +9,8 @@ launcher code.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from astraflow.context import RunContext
 from astraflow.rollout.engine import HFEngine
 from astraflow.stores import WeightError
@@ -43,3 +45,25 @@ class Evaluator:
     def __call__(self, version: int, n: int | None = None) -> float:
         self.engine.load_weights(self.ws.load(self.policy, version))
         return self.workflow.score(self.role, self.engine, self.items[: n or len(self.items)])
+
+
+class EvalError(ValueError):
+    """A policy or weight version that is not there: one line for the user."""
+
+
+def held_out(ctx: RunContext, policy: str | None = None, version: int | None = None
+             ) -> Iterator[tuple[str, dict[str, object]]]:
+    """(policy, {version, metric, accuracy, tasks}) for `policy` (default: every one) at
+    `version` (default: its newest), one policy at a time (`astraflow eval`)."""
+    names = ctx.flow.policy_names()
+    if policy is not None and policy not in names:
+        raise EvalError(f"no policy {policy!r} in this flow (policies: {', '.join(names)})")
+    for name in [policy] if policy else names:
+        ev = Evaluator(ctx, name)
+        v = ctx.weights().latest(name) if version is None else version
+        if v is None:
+            raise EvalError(f"no weight versions of {name} in {ctx.weights_root}")
+        if v not in ctx.weights().versions(name):
+            raise EvalError(f"no weight version {v} of {name} in {ctx.weights_root} (kept: "
+                            f"{ctx.weights().versions(name)[-8:]})")
+        yield name, {"version": v, "metric": ev.metric, "accuracy": ev(v), "tasks": len(ev.items)}

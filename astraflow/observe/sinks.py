@@ -140,6 +140,25 @@ def wandb_run_id(ctx: RunContext) -> str:
     return f"{slug}-{hashlib.sha1(ctx.store_uri.encode()).hexdigest()[:8]}"
 
 
+class UnknownSink(ValueError):
+    """`astraflow export --to` names no sink."""
+
+
+def export_sink(ctx: RunContext, to: str, *, logdir: Path | None = None,
+                run_id: str | None = None) -> tuple[Sink, str]:
+    """The sink `astraflow export --to` names, and where it writes. UnknownSink for an
+    unknown `to`; ImportError when its library is not installed."""
+    if to == "tensorboard":
+        out = logdir or ctx.run_dir / "tensorboard-export"
+        return TensorBoardSink(out), str(out)
+    if to == "wandb":
+        import uuid
+
+        sink = WandbSink(ctx, run_id=run_id or f"{wandb_run_id(ctx)}-{uuid.uuid4().hex[:6]}")
+        return sink, f"W&B run {sink.run.id}"
+    raise UnknownSink(f"--to takes tensorboard or wandb, not {to!r}")
+
+
 class Follower:
     """Feeds the rows committed to a run's metrics table since the last poll to sinks.
 
