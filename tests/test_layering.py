@@ -74,6 +74,7 @@ def test_the_step_does_not_know_its_fsdp_implementation():
 def test_trainer_and_worker_do_not_import_the_launcher():
     code = ("import sys; import astraflow.train.trainer, astraflow.train.version0, "
             "astraflow.rollout.worker, astraflow.local.evaluate; "
-            "print(sorted(m for m in sys.modules if m in ('astraflow.local.launcher', 'astraflow.local.supervise')))")
+            "print(sorted(m for m in sys.modules if m in ('astraflow.local.launcher', "
+            "'astraflow.local.supervise', 'astraflow.local.zygote', 'astraflow.cli.app')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
