@@ -214,7 +214,7 @@ class LogprobModel(torch.nn.Module):
     calls the backbone and the output head separately, so sharded, the root
     unit's parameters (embeddings, final norm, tied head) would never be gathered.
     Wrapped, one forward of this module covers every use: shard the decoder layers
-    and then this wrapper (astraflow.train.dist.shard). `policy` is the HF model
+    and then this wrapper (astraflow.train.fsdp.shard). `policy` is the HF model
     itself (its state-dict keys gain a `policy.` prefix here)."""
 
     def __init__(self, policy: torch.nn.Module, device: torch.device):
