@@ -17,7 +17,10 @@ import yaml
 from typer.testing import CliRunner
 
 from astraflow.cli.app import app
-from astraflow.cloud.launch import LaunchError, build_sky_task, launch, plan
+from astraflow.cloud.jobs import LaunchError
+from astraflow.cloud.launch import launch
+from astraflow.cloud.plan import plan
+from astraflow.cloud.skypilot import build_sky_task
 from astraflow.config.loader import FlowError, load_flow, parse_flow
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +50,7 @@ def test_import_and_plan_are_light():
     import subprocess
     import sys
 
-    code = ("import sys; from astraflow.config.loader import load_flow; from astraflow.cloud.launch import plan; "
+    code = ("import sys; from astraflow.config.loader import load_flow; from astraflow.cloud.launch import launch; from astraflow.cloud.plan import plan; "
             f"plan(load_flow({str(CLOUD)!r})); "
             "print([m for m in ('sky', 'modal', 'torch', 'lancedb') if m in sys.modules])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -90,7 +93,7 @@ def _with_device(data: dict, device: str, monkeypatch) -> dict:
     if "device" in TrainerSpec.model_fields:
         data.setdefault("trainer", {})["device"] = device
     else:
-        monkeypatch.setattr("astraflow.cloud.launch.trainer_device", lambda flow: device)
+        monkeypatch.setattr("astraflow.cloud.plan.trainer_device", lambda flow: device)
     return data
 
 
@@ -176,7 +179,7 @@ def test_modal_limit_matches_the_app():
     without modal, so read its constant from the source)."""
     import re
 
-    from astraflow.cloud.launch import MODAL_CLASS, MODAL_MAX_MINUTES
+    from astraflow.cloud.jobs import MODAL_CLASS, MODAL_MAX_MINUTES
 
     source = (REPO / "apps" / "rollout.py").read_text()
     assert float(re.search(r"^MAX_MINUTES = ([0-9.]+)", source, re.M).group(1)) == MODAL_MAX_MINUTES
@@ -387,7 +390,7 @@ FIX = REPO / "tests" / "fixtures"
 def test_trainer_resources_follow_what_the_trainer_can_use(monkeypatch):
     """GPUs only when asked for (launch.trainer.accelerators, or trainer.device: cuda);
     never for a CPU trainer; a CPU VM otherwise."""
-    from astraflow.cloud.launch import trainer_resources
+    from astraflow.cloud.plan import trainer_resources
 
     def trainer(device: str, **launch_trainer) -> tuple[list[str], dict[str, str]]:
         data = _cloud_data()

@@ -287,7 +287,7 @@ def test_aws_placements_resolve_against_a_catalog(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true",
            "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
     env.pop("SKY_RUNTIME_DIR", None)
-    from astraflow.cloud.launch import plan
+    from astraflow.cloud.plan import plan
     from astraflow.config.loader import load_flow
 
     wanted = [(e["infra"], e["accelerators"]) for j in plan(load_flow(REPO / "examples" /

@@ -147,7 +147,7 @@ class ModalBackend:
     def _cls(self, pool: Pool):
         import modal
 
-        from astraflow.cloud.launch import MODAL_CLASS
+        from astraflow.cloud.jobs import MODAL_CLASS
 
         cls = modal.Cls.from_name(self.app, MODAL_CLASS)
         return cls.with_options(gpu=pool.accelerator) if pool.accelerator else cls
@@ -204,9 +204,9 @@ class SkyBackend:
         self.env = dict(os.environ if environ is None else environ)
 
     def _prefix(self, pool: Pool) -> str:
-        from astraflow.cloud.launch import _job_name
+        from astraflow.cloud.jobs import job_name
 
-        return _job_name(self.flow_name, pool.name) + "-"
+        return job_name(self.flow_name, pool.name) + "-"
 
     def _mine(self, pool: Pool, name: str) -> str | None:
         """The worker suffix if job `name` is one of `pool`'s (`<flow>-<pool>-x<suffix>`;
@@ -232,7 +232,8 @@ class SkyBackend:
         return sorted(out, key=lambda w: w.started)
 
     def job(self, pool: Pool, worker_id: str):
-        from astraflow.cloud.launch import OPTIONAL_SECRETS, REQUIRED_SECRETS, ROLLOUT_TASK, SkyJob
+        from astraflow.cloud.jobs import OPTIONAL_SECRETS, REQUIRED_SECRETS, SkyJob
+        from astraflow.cloud.skypilot import ROLLOUT_TASK
 
         acc = f"{pool.accelerator}:{pool.accelerator_count}" if pool.accelerator else None
         infra = "/".join(x for x in (pool.cloud, pool.region) if x)
@@ -255,7 +256,7 @@ class SkyBackend:
 
     def launch(self, pool: Pool, worker_id: str) -> Worker:
         import sky
-        from astraflow.cloud.launch import build_sky_task
+        from astraflow.cloud.skypilot import build_sky_task
 
         job = self.job(pool, worker_id)
         task = build_sky_task(job, secrets={n: self.env[n] for n in job.secrets

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING
 from astraflow.policies.prices import Catalog, PriceRow
 
 if TYPE_CHECKING:
-    from astraflow.cloud.launch import LaunchPlan, SkyJob
+    from collections.abc import Iterable
+
+    from astraflow.cloud.jobs import SkyJob
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,6 @@ def price_job(job: SkyJob, catalog: Catalog) -> JobPrice:
                                    f"(cheapest: {where}, {kind})")
 
 
-def price_plan(plan: LaunchPlan, catalog: Catalog) -> dict[str, JobPrice]:
-    """Estimates keyed by SkyPilot job name (Modal calls have none)."""
-    return {j.name: price_job(j, catalog) for j in plan.sky_jobs}
+def price_jobs(jobs: Iterable[SkyJob], catalog: Catalog) -> dict[str, JobPrice]:
+    """Estimates keyed by SkyPilot job name (a plan's `sky_jobs`; Modal calls have none)."""
+    return {j.name: price_job(j, catalog) for j in jobs}
