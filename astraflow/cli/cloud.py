@@ -29,14 +29,16 @@ def launch(
 ) -> None:
     """Run a flow on the cloud: publish it to its bucket, then one SkyPilot managed job per
     policy's trainer and the rollout pools (SkyPilot spot jobs, Modal calls)."""
-    import astraflow.cloud.launch as cloud_launch
+    from astraflow.cloud.jobs import LaunchError
+    from astraflow.cloud.launch import launch as start
+    from astraflow.cloud.plan import plan
     from astraflow.config.loader import FlowError, load_flow
     from astraflow.policies.prices import load_prices
 
     try:
         spec = load_flow(flow, parse_sets(set_))
-        the_plan = cloud_launch.plan(spec)
-    except (FlowError, cloud_launch.LaunchError) as err:
+        the_plan = plan(spec)
+    except (FlowError, LaunchError) as err:
         fail(str(err))
     try:
         catalog, why = load_prices(prices, cpu=True), ""
@@ -46,7 +48,7 @@ def launch(
     if not dry_run and not yes:
         typer.confirm("Launch these (cloud resources cost money)?", abort=True)
     try:
-        cloud_launch.launch(the_plan, dry_run=dry_run, overwrite=overwrite, echo=typer.echo)
+        start(the_plan, dry_run=dry_run, overwrite=overwrite, echo=typer.echo)
     except ModuleNotFoundError as err:
         if err.name not in ("sky", "modal"):
             raise
@@ -68,10 +70,10 @@ def stop(
 ) -> None:
     """Tear down a cloud run: cancel its SkyPilot managed jobs and its Modal calls (the
     store, its checkpoints and the deployed Modal app stay; launch again to resume)."""
-    import astraflow.cloud.launch as cloud_launch
+    from astraflow.cloud.records import stop as stop_run
 
     try:
-        cloud_launch.stop(store, dry_run=dry_run, echo=typer.echo)
+        stop_run(store, dry_run=dry_run, echo=typer.echo)
     except ModuleNotFoundError as err:
         if err.name not in ("sky", "modal"):
             raise
