@@ -6,6 +6,7 @@ appends them to the store. Nothing ties it to a machine, so it can run wherever
 GPUs are free. This file puts it on Modal's serverless GPUs:
 
     modal deploy apps/rollout.py          # build the image, register the app
+    modal deploy -m astraflow.cloud.apps.rollout   # the same, from an installed astraflow
     modal run apps/rollout.py --target s3://bucket/prefix --minutes 2   # smoke test
 
 and whatever launches workers (`astraflow launch`) calls the deployed class by name:
@@ -95,12 +96,12 @@ UV_VERSION = "0.13.9"
 
 # What of the repository goes into the image: what `pip install .` needs and
 # nothing else (no virtual environments, run folders, tests or benchmarks).
-# pyproject.toml maps the top-level folders stores/ and policies/ to
-# astraflow.stores and astraflow.policies, so the source has to be installed,
-# not merely put on PYTHONPATH.
+# pyproject.toml maps the top-level folders stores/, policies/, sky/ and apps/
+# into the astraflow package, so the source has to be installed, not merely put
+# on PYTHONPATH.
 REPO = Path(__file__).resolve().parent.parent
 SOURCE_FILES = ("pyproject.toml", "README.md")  # README.md: pyproject's `readme`
-SOURCE_DIRS = ("astraflow", "stores", "policies")
+SOURCE_DIRS = ("astraflow", "stores", "policies", "sky", "apps")
 SOURCE_IGNORE = ["**/__pycache__", "**/*.pyc"]
 REMOTE_SOURCE = "/opt/astraflow"
 
@@ -109,6 +110,26 @@ REMOTE_SOURCE = "/opt/astraflow"
 # the project's own requirements ever disagree with them.
 INSTALL_PROJECT = (f"python -m pip install --no-cache-dir '{REMOTE_SOURCE}[vllm]' "
                    + " ".join(f"'{p}'" for p in PINNED))
+
+# Deployed from an installed astraflow (this file is then
+# astraflow/cloud/apps/rollout.py in site-packages, with no checkout around it):
+# the installed package, already laid out as `astraflow/`, is copied in and put on
+# PYTHONPATH, and its own requirements (core + vllm extra) are installed with the pins.
+CHECKOUT = (REPO / "pyproject.toml").is_file()
+INSTALLED_PACKAGE = Path(__file__).resolve().parents[2]
+REMOTE_SITE = "/opt/astraflow-site"
+
+
+def installed_requirements() -> list[str]:
+    """The installed astraflow's requirements that a worker needs: core and `vllm`."""
+    from importlib import metadata
+
+    out = []
+    for req in metadata.requires("astraflow") or []:
+        name, _, marker = req.partition(";")
+        if not marker.strip() or "extra == \"vllm\"" in marker.replace("'", '"'):
+            out.append(name.strip())
+    return out
 
 
 def build_image() -> modal.Image:
@@ -125,6 +146,12 @@ def build_image() -> modal.Image:
     )
     # copy=True bakes the files into a layer (instead of mounting them when a
     # container starts), which is required to run `pip install` on them below.
+    if not CHECKOUT:
+        return image.add_local_dir(INSTALLED_PACKAGE, f"{REMOTE_SITE}/astraflow", copy=True,
+                                   ignore=SOURCE_IGNORE).run_commands(
+            "python -m pip install --no-cache-dir "
+            + " ".join(f"'{r}'" for r in (*installed_requirements(), *PINNED))).env({
+            "PYTHONPATH": REMOTE_SITE, "TOKENIZERS_PARALLELISM": "false"})
     for name in SOURCE_FILES:
         image = image.add_local_file(REPO / name, f"{REMOTE_SOURCE}/{name}", copy=True)
     for name in SOURCE_DIRS:

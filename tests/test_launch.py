@@ -147,6 +147,33 @@ def test_no_secret_value_in_plan_or_description(monkeypatch):
         use_user_specified_yaml=True))
 
 
+def test_tasks_from_a_checkout_upload_it_and_without_one_install_the_package(monkeypatch):
+    """From a checkout the jobs' workdir is that checkout (its setup: pip install -e .);
+    an installed astraflow has none to upload, so the task has no workdir and its setup
+    installs ASTRAFLOW_PACKAGE: this version by default, or what the user names."""
+    pytest.importorskip("sky")
+    from importlib import metadata
+
+    p = plan(load_flow(CLOUD), launch_id="t0", environ={})
+    trainer, pool = p.trainers[0], p.pools[0]
+    task = build_sky_task(trainer, environ={})
+    assert task.workdir == str(REPO) and not task.envs.get("ASTRAFLOW_PACKAGE")
+    assert not any("no source checkout" in n for n in p.notes)
+
+    monkeypatch.setattr("astraflow.cloud.skypilot.checkout", lambda: None)
+    monkeypatch.setattr("astraflow.cloud.plan.checkout", lambda: None)
+    version = metadata.version("astraflow")
+    for job, spec in ((trainer, f"astraflow=={version}"), (pool, f"astraflow[vllm]=={version}")):
+        task = build_sky_task(job, environ={})
+        assert task.workdir is None and task.envs["ASTRAFLOW_PACKAGE"] == spec
+        assert 'uv pip install "${ASTRAFLOW_PACKAGE:?' in task.setup
+    url = "https://example.com/astraflow-0.1.0-py3-none-any.whl"
+    task = build_sky_task(pool, environ={"ASTRAFLOW_PACKAGE": url})
+    assert task.envs["ASTRAFLOW_PACKAGE"] == url
+    p = plan(load_flow(CLOUD), launch_id="t0", environ={})
+    assert any(f"the VMs install astraflow=={version}" in n for n in p.notes), p.notes
+
+
 def test_cli_dry_run_prints_the_plan(monkeypatch):
     pytest.importorskip("sky")
     for k, v in KEYS.items():

@@ -29,6 +29,7 @@ PACKAGE_DIRS = {
     "astraflow": "astraflow",
     "stores": "astraflow/stores",
     "policies": "astraflow/policies",
+    "apps": "astraflow/cloud/apps",
 }
 
 IMPORT_PROBE = """
@@ -76,8 +77,11 @@ def _source_modules() -> set[str]:
 # --- the wheel and the editable install, imported from outside the checkout ---
 
 
-@pytest.mark.slow
-def test_wheel_installs_stores_and_policies_under_astraflow(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built from a copy of the checkout, pip-installed (not editable, no
+    deps) into a target folder: put it first on PYTHONPATH to run the installed one."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     # Build from a copy so stale build/ or egg-info in the checkout cannot leak in.
     src = tmp_path / "src"
     shutil.copytree(
@@ -91,8 +95,10 @@ def test_wheel_installs_stores_and_policies_under_astraflow(tmp_path: Path) -> N
             "*.egg-info",
             "__pycache__",
             ".venv",
+            ".venv-*",
             ".pytest_cache",
             ".ruff_cache",
+            "site",
         ),
     )
     wheels = tmp_path / "wheels"
@@ -113,7 +119,12 @@ def test_wheel_installs_stores_and_policies_under_astraflow(tmp_path: Path) -> N
 
     target = tmp_path / "target"
     _run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(wheel)])
+    return target
 
+
+def test_wheel_installs_stores_and_policies_under_astraflow(installed_wheel: Path,
+                                                            tmp_path: Path) -> None:
+    target = installed_wheel
     top_level = {p.name for p in target.iterdir()}
     unexpected = {
         name
@@ -144,6 +155,46 @@ def test_wheel_installs_stores_and_policies_under_astraflow(tmp_path: Path) -> N
     assert Path(found["stores"]).parent == target / "astraflow" / "stores"
     assert Path(found["policies"]).parent == target / "astraflow" / "policies"
     assert not found["bare_stores"] and not found["bare_policies"], found
+
+
+def test_installed_wheel_launches_from_another_directory(installed_wheel: Path,
+                                                         tmp_path: Path) -> None:
+    """`pip install .` (not editable) then `astraflow launch --dry-run` elsewhere: the
+    SkyPilot task files and the Modal app come from the package, not the checkout, and
+    with no checkout to upload the tasks install the package on the VM instead."""
+    target = installed_wheel
+    tasks = target / "astraflow" / "cloud" / "tasks"
+    assert sorted(p.name for p in tasks.iterdir() if p.suffix == ".yaml") == [
+        "rollout.sky.yaml", "train.sky.yaml"]
+    assert (target / "astraflow" / "cloud" / "apps" / "rollout.py").is_file()
+    assert not (target / "sky").exists() and not (target / "apps").exists()
+
+    shutil.copy(REPO / "examples" / "cloud.yaml", tmp_path / "cloud.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(PYTHONPATH=str(target), ASTRAFLOW_PACKAGE="")
+    script = target / "bin" / "astraflow"
+    cmd = [str(script)] if script.is_file() else [sys.executable, "-m", "astraflow"]
+    proc = _run([*cmd, "launch", "--dry-run", "cloud.yaml"], cwd=tmp_path, env=env,
+                timeout=300)
+    out = proc.stdout
+    assert f"{tasks / 'train.sky.yaml'}" in out and f"{tasks / 'rollout.sky.yaml'}" in out, out
+    assert "dry run: 2 SkyPilot task(s) built and validated; nothing launched" in out, out
+    assert f"the VMs install astraflow=={metadata.version('astraflow')}" in out, out
+
+    probe = ("from astraflow.cloud.skypilot import checkout, TRAIN_TASK; "
+             "from astraflow.cloud.modal_calls import app_file; "
+             "print(checkout(), TRAIN_TASK, app_file())")
+    proc = _run([sys.executable, "-c", probe], cwd=tmp_path, env=env)
+    assert proc.stdout.split() == ["None", str(tasks / "train.sky.yaml"),
+                                   str(target / "astraflow" / "cloud" / "apps" / "rollout.py")]
+    # The Modal app deploys from the installed package (`modal deploy -m
+    # astraflow.cloud.apps.rollout`): it copies that package into its image, not a checkout.
+    pytest.importorskip("modal")
+    probe = ("import astraflow.cloud.apps.rollout as a; "
+             "print(a.CHECKOUT, a.INSTALLED_PACKAGE, any(r.startswith('vllm') "
+             "for r in a.installed_requirements()))")
+    proc = _run([sys.executable, "-c", probe], cwd=tmp_path, env=env)
+    assert proc.stdout.split() == ["False", str(target / "astraflow"), "True"], proc.stdout
 
 
 def test_editable_install_maps_stores_and_policies(tmp_path: Path) -> None:
@@ -225,8 +276,13 @@ def test_sky_folder_is_not_a_package() -> None:
     # `sky` is SkyPilot's import name; a package here would shadow it.
     assert (REPO / "sky").is_dir()
     assert not (REPO / "sky" / "__init__.py").exists(), "sky/ must not have an __init__.py"
-    pyproject = (REPO / "pyproject.toml").read_text()
-    assert not re.search(r'["\']sky["\']', pyproject), "pyproject.toml must not package `sky`"
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    # It ships only as package data under astraflow (astraflow/cloud/tasks/).
+    top = {p.split(".")[0] for p in (*setuptools["packages"], *setuptools["package-dir"])}
+    assert top == {"astraflow"}, f"pyproject.toml packages a top-level name besides astraflow: {top}"
+    assert setuptools["package-dir"]["astraflow.cloud.tasks"] == "sky"
 
 
 # --- README quickstart and CI ---

@@ -1,8 +1,8 @@
 """Modal side: the deployed rollout app's class, looked up by name, and call cancels.
 
 The app is `apps/rollout.py` in a checkout; it ships in the wheel too
-(`astraflow/cloud/apps/rollout.py`), so `modal deploy` works from an installed
-astraflow. Modal is imported only inside the functions that call it.
+(`astraflow/cloud/apps/rollout.py`), so an installed astraflow deploys it with
+`modal deploy -m astraflow.cloud.apps.rollout`. Modal is imported only inside the functions that call it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def app_file() -> Path:
 def deploy_hint() -> str:
     """The command that deploys the app, as the user would type it."""
     root = checkout()
-    return "modal deploy apps/rollout.py" if root else f"modal deploy {app_file()}"
+    return "modal deploy apps/rollout.py" if root else "modal deploy -m astraflow.cloud.apps.rollout"
 
 
 def modal_class(app: str):
