@@ -1,28 +1,17 @@
 """`astraflow scale`: observe a run from its store, ask a scaling policy, act through a backend.
 
-    every interval_s:
-      store ─► observe(): per policy, trainer wait share and demand (trainer metrics
-               `trainer_wait_s`, `step_time_s`, `rows_read` of the last window_s),
-               backlog (table rows − progress file's rows_consumed);
-               per pool, live workers (the backend's listing) and their rows/s
-               (the workers' `worker_rows` metrics in the window; none yet: starting)
-        ─► policy.plan(obs) ─► backend.launch / backend.retire (SIGTERM: the worker
-           finishes its batch, commits, exits) ─► one `scale` metrics row per pool
+    every interval_s: store -> observe() (per policy: trainer wait share, demand, backlog;
+    per pool: live workers and their rows/s) -> policy.plan(obs) -> backend.launch /
+    backend.retire (SIGTERM: the worker commits its batch and exits) -> a `scale` row per pool
 
-A launch the cloud cannot serve does not fail at once on SkyPilot (a managed job waits
-in STARTING and retries until capacity appears) or Modal (the call queues): it is a
-worker that never gives a row. So a worker with no row `refuse_after_s` after its
-launch (default: three of its pool's cold starts, at least 10 minutes), while the
-backlog had room for its rows, is a refused launch: it is retired and a
-`launch_refused` row written to the run's metrics, and the pool's refusals of the last
-hour come back in each observation (`PoolState.launch_failures_1h`, `quiet_s`), as in
-the simulator. The cost policy then grows elsewhere and may probe the pool later.
+A launch the cloud cannot serve does not fail at once (a SkyPilot job waits in STARTING,
+a Modal call queues): it is a worker that never gives a row. One with no row
+`refuse_after_s` after its launch (default: three cold starts, at least 10 minutes)
+while the backlog had room is a refused launch: retired, logged as `launch_refused`,
+and counted in the pool's `launch_failures_1h`, as in the simulator.
 
-Stateless over the store: the live workers are whatever the backend lists (a
-state file in the run folder for local processes, the store for Modal calls,
-SkyPilot's job queue for sky jobs) and everything else is read from the store,
-so killing the autoscaler only pauses scaling; started again it carries on.
-Workers it started keep running while it is down.
+Stateless: live workers are whatever the backend lists and the rest is read from the
+store, so killing the autoscaler only pauses scaling; its workers keep running.
 """
 
 from __future__ import annotations

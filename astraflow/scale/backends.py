@@ -277,10 +277,8 @@ class SkyBackend:
         two in the hour count one; a job with no recovery time counts its whole
         `recovery_count`); and seconds since the latest recovery (since `run_started`
         if none; None where a recovery's time is unknown): the cost policy's preemption
-        clock (`PoolState.since_preemption_s`, the cheap tier's quiet time). Counting
-        every recovery since launch, as this did, kept a pool preempted once in a long
-        run "short of capacity" for the rest of it, and the cost policy never grew it
-        again."""
+        clock (`PoolState.since_preemption_s`). Only the last hour counts, so one old
+        preemption does not keep a pool "short of capacity" for the rest of a run."""
         now, n_1h, times = time.time(), 0, []
         for r in self._records():
             n = int(r.get("recovery_count") or 0)
