@@ -513,11 +513,11 @@ def test_a_launch_that_never_gives_a_row_is_a_refused_launch(tmp_path):
                 os.kill(int(w.handle), signal.SIGKILL)
 
 
-def test_the_readme_api_snippet_simulates_and_its_policy_scales(tmp_path, monkeypatch):
-    """Issue 13's point 4 as a user meets it: the README's Python block (a custom policy,
+def test_the_scaling_guide_snippet_simulates_and_its_policy_scales(tmp_path, monkeypatch):
+    """Issue 13's point 4 as a user meets it: the scaling guide's Python block (a custom policy,
     simulated on a scenario) runs as written, with a trace file of that name; saved as
     mymodule.py, its policy is what `PYTHONPATH=. astraflow scale RUN --policy
-    mymodule:Greedy` (the README's command, through the installed console script) loads,
+    mymodule:Greedy` (the guide's command, through the installed console script) loads,
     and an autoscaler under it launches a worker. Without PYTHONPATH the error says so."""
     import contextlib
     import io
@@ -529,8 +529,8 @@ def test_the_readme_api_snippet_simulates_and_its_policy_scales(tmp_path, monkey
     from astraflow.scale.backends import LocalBackend
     from astraflow.stores import Progress
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("## Cost-aware scaling"):]
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "scaling.md").read_text()
+    section = guide[guide.index("# Cost-aware scaling"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     [cmd] = [ln for ln in section.split("```bash", 1)[1].split("```", 1)[0].splitlines()
              if "mymodule:Greedy" in ln]
