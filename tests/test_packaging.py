@@ -162,6 +162,7 @@ def test_installed_wheel_launches_from_another_directory(installed_wheel: Path,
     """`pip install .` (not editable) then `astraflow launch --dry-run` elsewhere: the
     SkyPilot task files and the Modal app come from the package, not the checkout, and
     with no checkout to upload the tasks install the package on the VM instead."""
+    pytest.importorskip("sky")  # the dry run builds the SkyPilot tasks
     target = installed_wheel
     tasks = target / "astraflow" / "cloud" / "tasks"
     assert sorted(p.name for p in tasks.iterdir() if p.suffix == ".yaml") == [
@@ -180,6 +181,7 @@ def test_installed_wheel_launches_from_another_directory(installed_wheel: Path,
     assert f"{tasks / 'train.sky.yaml'}" in out and f"{tasks / 'rollout.sky.yaml'}" in out, out
     assert "dry run: 2 SkyPilot task(s) built and validated; nothing launched" in out, out
     assert f"the VMs install astraflow=={metadata.version('astraflow')}" in out, out
+    assert "deployed by modal deploy -m astraflow.cloud.apps.rollout" in out, out
 
     probe = ("from astraflow.cloud.skypilot import checkout, TRAIN_TASK; "
              "from astraflow.cloud.modal_calls import app_file; "

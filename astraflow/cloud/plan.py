@@ -32,6 +32,7 @@ from astraflow.cloud.jobs import (
     SkyJob,
     job_name,
 )
+from astraflow.cloud.modal_calls import deploy_hint
 from astraflow.cloud.skypilot import (
     PACKAGE_ENV,
     ROLLOUT_TASK,
@@ -110,7 +111,8 @@ class LaunchPlan:
         for pool, calls in by_pool.items():
             gpu = calls[0].gpu or "the app's GPU list"
             lines.append(f"  pool {pool} (modal): {len(calls)} call(s) of app {calls[0].app!r}, "
-                         f"gpu: {gpu}; credentials: the app's Modal Secret")
+                         f"gpu: {gpu}; credentials: the app's Modal Secret; deployed by "
+                         f"{deploy_hint()}")
             lines += [f"    {c.describe()}" for c in calls]
         if catalog is not None:
             known = [p.per_hour for p in prices.values() if p.per_hour is not None]
