@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -113,12 +114,13 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
     first = evaluators[pol]
     console.print(LEGEND.format(metric=first.metric, n=min(flow.stop.live_eval_size,
                                                            len(first.items)),
-                                total=len(first.items)), style="dim")
+                                total=len(first.items), window=RATE_WINDOW), style="dim")
     deadline = t0 + flow.stop.max_minutes * 60
     live: list[dict[str, Any]] = []
     last_eval = last_show = last_maint = t0
     last_seen = 0.0
     latest: dict[str, dict[str, float]] = {p: {} for p in policies}
+    trained = {p: deque[tuple[float, float]](maxlen=RATE_WINDOW + 1) for p in policies}
     reason = "max_steps"
     trainers = [c for c in sup.components if c.name == "sync" or c.name.startswith("trainer-")]
     try:
@@ -143,9 +145,12 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
                         continue
                     latest[r["policy"]][r["name"]] = r["value"]
                     latest[r["policy"]]["step"] = r["step"]
+                    if r["name"] == "rows_used":
+                        trained[r["policy"]].append((r["time"], r["value"]))
                 last_show = now
                 _show(console, now - t0, latest, live, max_steps=flow.stop.max_steps,
-                      time_left_s=deadline - now)
+                      time_left_s=deadline - now,
+                      rates={p: trained_rate(list(w)) for p, w in trained.items()})
                 sinks.poll()
             if now - last_eval >= flow.stop.eval_every_s:
                 point = live_eval(ctx, ledger, evaluators, flow.stop.live_eval_size)
@@ -230,16 +235,32 @@ def live_eval(ctx: RunContext, ledger: Ledger, evaluators: dict[str, Evaluator],
 LEGEND = ("columns: step done/max · v = newest weight version · reward = mean sampled reward "
           "of the step's rows · held-out = greedy {metric} of the version named, on {n} of the "
           "{total} held-out tasks (the final figure uses all {total}), and how long ago · "
-          "staleness = mean versions between a row's sampler and the trainer · rows/s and wait = "
-          "the trainer's throughput and its idle wait for rows · ETA = until max_steps or "
-          "max_minutes, whichever comes first")
+          "staleness = mean versions between a row's sampler and the trainer · rows/s = rows "
+          "trained per wall second over the last {window} steps · wait = the trainer's idle "
+          "wait for rows · ETA = until max_steps or max_minutes, whichever comes first")
+
+#: Trainer steps the progress line's rows/s is taken over.
+RATE_WINDOW = 20
+
+
+def trained_rate(points: list[tuple[float, float]]) -> float | None:
+    """Rows trained per wall second from `(time, rows_used)` of consecutive trainer
+    steps: the rows of every step after the first over the time between the first and
+    the last (None under two steps). One step's time is no rate: a step that only
+    filters rows already waiting takes milliseconds."""
+    if len(points) < 2:
+        return None
+    span = points[-1][0] - points[0][0]
+    return sum(r for _, r in points[1:]) / span if span > 0 else None
 
 
 def progress_line(t: float, name: str, m: dict[str, float], live: dict[str, Any] | None,
-                  policy: str, *, max_steps: int, time_left_s: float) -> str:
+                  policy: str, *, max_steps: int, time_left_s: float,
+                  rate: float | None = None) -> str:
     """One progress line of a policy: `m` its newest trainer metrics (with `step`), `live`
-    the newest live evaluation point (or None). The ETA takes the step rate so far against
-    `max_steps`, and the wall-clock limit, whichever ends the run first."""
+    the newest live evaluation point (or None), `rate` its `trained_rate`. The ETA takes
+    the step rate so far against `max_steps`, and the wall-clock limit, whichever ends
+    the run first."""
     done = int(m["step"]) + 1
     acc = "—"
     if live is not None and policy in live["accuracy"]:
@@ -247,15 +268,16 @@ def progress_line(t: float, name: str, m: dict[str, float], live: dict[str, Any]
         acc = f"{live['accuracy'][policy]:.1%} of v{int(live['version'][policy])} ({age:.0f}s ago)"
     by_steps = (max_steps - done) * t / done if done else float("inf")
     eta = max(min(by_steps, time_left_s), 0.0)
-    rate = m.get("rows_read", 0) / max(m.get("step_time_s", 0) + m.get("trainer_wait_s", 0), 1e-9)
+    rows_s = "—" if rate is None else f"{rate:.1f}"
     return (f"  {t:5.0f}s {name}step {done}/{max_steps}  v{int(m.get('weight_version', 0))}  "
             f"reward {m.get('reward_mean', 0):.3f}  held-out {acc}  "
-            f"staleness {m.get('staleness_mean', 0):.2f}  {rate:.0f} rows/s  "
+            f"staleness {m.get('staleness_mean', 0):.2f}  {rows_s} rows/s  "
             f"wait {m.get('trainer_wait_s', 0):.2f}s  ETA {eta / 60:.1f} min")
 
 
 def _show(console: Console, t: float, latest: dict[str, dict[str, float]],
-          live: list[dict[str, Any]], *, max_steps: int, time_left_s: float) -> None:
+          live: list[dict[str, Any]], *, max_steps: int, time_left_s: float,
+          rates: dict[str, float | None]) -> None:
     if not any("step" in m for m in latest.values()):
         console.print(f"  {t:5.0f}s waiting for the first trainer step…")
         return
@@ -265,7 +287,8 @@ def _show(console: Console, t: float, latest: dict[str, dict[str, float]],
             continue
         name = f"{p}: " if len(latest) > 1 else ""
         console.print(progress_line(t, name, m, live[-1] if live else None, p,
-                                    max_steps=max_steps, time_left_s=time_left_s))
+                                    max_steps=max_steps, time_left_s=time_left_s,
+                                    rate=rates.get(p)))
 
 
 def _maintain(ctx: RunContext) -> None:
