@@ -145,19 +145,26 @@ def bare_loop(flow: FlowSpec, minutes: float, points: float, console: Console,
             "train_s_per_step": train_s / max(step, 1)}
 
 
+def run_keeping_versions(flow_path: str, minutes: float, console: Console, sets: dict,
+                         *, name: str = "bench-pretrained", live_eval: bool = False):
+    """`astraflow run` of the flow for `minutes` under runs/`name`; unless `live_eval`,
+    with no evaluation beside the run and every version kept for the evaluation after
+    it. Returns the run's context and summary (benchmarks/peers/ runs it this way too)."""
+    from astraflow.local.launcher import prepare_run, run_local
+
+    over = {"stop.max_minutes": minutes, "name": name, **sets}
+    if not live_eval:
+        over |= {"stop.eval_every_s": 1e9, "stop.target_accuracy": None,
+                 "store.keep_last": 100_000}
+    ctx = prepare_run(load_flow(flow_path, over), Path("runs"), overwrite=True)
+    return ctx, run_local(ctx, console)
+
+
 def astraflow_run(flow_path: str, minutes: float, points: float, console: Console,
                   sets: dict, live_eval: bool = False) -> dict:
     from astraflow.local.evaluate import Evaluator
-    from astraflow.local.launcher import prepare_run, run_local
 
-    over = {"stop.max_minutes": minutes, "name": "bench-pretrained", **sets}
-    if not live_eval:
-        # no evaluation beside the run; keep every version for the evaluation after it
-        over |= {"stop.eval_every_s": 1e9, "stop.target_accuracy": None,
-                 "store.keep_last": 100_000}
-    flow = load_flow(flow_path, over)
-    ctx = prepare_run(flow, Path("runs"), overwrite=True)
-    summary = run_local(ctx, console)
+    ctx, summary = run_keeping_versions(flow_path, minutes, console, sets, live_eval=live_eval)
     pol = summary["policy"]
     acc0 = summary["accuracy_v0"]
     target = acc0 + points / 100
