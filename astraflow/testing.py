@@ -10,18 +10,22 @@ checkpoint taken only if due), writes `<gate>/paused-<policy>-<step>` holding it
 pid, and waits: the test kills it at exactly that step. Each step pauses once (the
 file stays), so the restarted trainer redoes it and goes on. The wait ends when
 `<gate>/release-<policy>-<step>` appears or after ASTRAFLOW_TEST_PAUSE_S seconds
-(default 300), so a test that never kills cannot hang a run.
+(default 300), so a test that never kills cannot hang a run. With
+ASTRAFLOW_TEST_KILL_BEFORE_MANIFEST=5 a trainer SIGKILLs itself once (a marker in the
+gate) when version 5's files are in the weight store and its manifest is not.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
 PAUSE_ENV = "ASTRAFLOW_TEST_PAUSE_AT_STEP"
 GATE_ENV = "ASTRAFLOW_TEST_GATE"
 TIMEOUT_ENV = "ASTRAFLOW_TEST_PAUSE_S"
+KILL_ENV = "ASTRAFLOW_TEST_KILL_BEFORE_MANIFEST"
 
 
 def pause_at(policy: str, step: int) -> None:
@@ -44,3 +48,18 @@ def pause_at(policy: str, step: int) -> None:
     deadline = time.monotonic() + float(os.environ.get(TIMEOUT_ENV, "300"))
     while not release.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def kill_before_manifest(policy: str, version: int) -> None:
+    """Called by the trainer's publish just before a manifest; inert unless KILL_ENV
+    names the version. Dies once per version (a marker in the gate), across restarts."""
+    versions = os.environ.get(KILL_ENV)
+    if not versions or version not in {int(v) for v in versions.split(",") if v.strip()}:
+        return
+    gate = Path(os.environ.get(GATE_ENV) or ".")
+    gate.mkdir(parents=True, exist_ok=True)
+    try:
+        (gate / f"killed-{policy}-v{version}").open("x").close()
+    except FileExistsError:
+        return
+    os.kill(os.getpid(), signal.SIGKILL)

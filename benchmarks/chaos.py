@@ -2,6 +2,7 @@
 
     python benchmarks/chaos.py [--steps 500] [--interval 8,20] [--min-kills 10] [--seed 0]
     python benchmarks/chaos.py --writers 16 [--seconds 120] [--interval 2,5]   # store case
+    python benchmarks/chaos.py --set store.delta_chain=8 --kill-before-manifest 5,40,77
 
 Runs the flow twice from the same warm-started version 0 and for the same number
 of trainer steps: once undisturbed, once while a chaos loop SIGKILLs a random live
@@ -15,6 +16,9 @@ Afterwards `astraflow audit` checks both runs, and the benchmark prints:
   * throughput (effective rows trained per second of RL) as a ratio chaos/calm,
   * recovery time per kill: from the kill to the killed component's next useful
     output (the trainer's next step, the worker's next committed batch).
+With weight deltas on (`--set store.delta_chain=N`), `--kill-before-manifest` also
+SIGKILLs the chaos run's trainer once at each named version, between that delta's
+payload and its manifest (astraflow/testing.py), on top of the random kills.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,7 +108,7 @@ def store_chaos(args, sets: dict, console: Console) -> None:
 
 
 def start_run(flow_path: str, root: Path, v0: dict[str, Path], name: str, steps: int,
-              sets: dict) -> tuple[subprocess.Popen, Path]:
+              sets: dict, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
     overrides = {"name": name, "stop.max_steps": steps, "stop.max_minutes": 60,
                  "stop.target_accuracy": None, **sets}
     ctx = prepare_run(load_flow(flow_path, overrides), root, overwrite=True)
@@ -112,7 +117,8 @@ def start_run(flow_path: str, root: Path, v0: dict[str, Path], name: str, steps:
     for k, v in overrides.items():
         argv += ["--set", f"{k}={json.dumps(v)}"]
     log = (ctx.run_dir / "launcher.log").open("w")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **(env or {})})
     return proc, ctx.run_dir
 
 
@@ -201,6 +207,9 @@ def main() -> None:
                     help="store case instead: this many writer processes and one consumer")
     ap.add_argument("--seconds", type=float, default=120, help="store case: chaos duration")
     ap.add_argument("--batch", type=int, default=32, help="store case: rows per append")
+    ap.add_argument("--kill-before-manifest", default="", metavar="V,...",
+                    help="with store.delta_chain: also SIGKILL the trainer between these "
+                         "versions' payload and manifest")
     args = ap.parse_args()
     import yaml
 
@@ -220,7 +229,11 @@ def main() -> None:
     calm = finish(proc, calm_dir, "calm", console)
 
     console.print(f"chaos run: {args.steps} trainer steps, SIGKILL every U({lo:g}, {hi:g}) s")
-    proc, chaos_dir = start_run(args.flow, root, v0, "bench-chaos", args.steps, sets)
+    gate = root / "bench-chaos-gate"
+    shutil.rmtree(gate, ignore_errors=True)  # each named version is killed once per run
+    env = {"ASTRAFLOW_TEST_KILL_BEFORE_MANIFEST": args.kill_before_manifest,
+           "ASTRAFLOW_TEST_GATE": str(gate)} if args.kill_before_manifest else {}
+    proc, chaos_dir = start_run(args.flow, root, v0, "bench-chaos", args.steps, sets, env)
     kills = chaos(proc, chaos_dir, lo, hi, random.Random(args.seed), console)
     hot = finish(proc, chaos_dir, "chaos", console)
     rec = recovery_times(RunContext.open(chaos_dir), kills)
@@ -245,6 +258,9 @@ def main() -> None:
                   f"{a.get('rows_retrained_after_rollback')}), rows up to the final cursor "
                   f"{a.get('rows_up_to_final_cursor')} = trained {a.get('rows_trained')} + stale "
                   f"{a.get('rows_dropped_stale')} + filtered {a.get('rows_dropped_filtered')}")
+    if args.kill_before_manifest:
+        console.print(f"trainer kills between a delta's payload and its manifest: "
+                      f"{len(list(gate.glob('killed-*')))} (at versions {args.kill_before_manifest})")
     console.print(f"audit (calm):  exit {calm['audit_exit']}")
     console.print(f"held-out accuracy: calm {calm['accuracy_final']:.1%}, chaos "
                   f"{hot['accuracy_final']:.1%} (v0 {calm['accuracy_v0']:.1%}); difference "

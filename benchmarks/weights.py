@@ -2,6 +2,7 @@
 
     python benchmarks/weights.py [--repeats 5] [--sizes math,16m]
     python benchmarks/weights.py --lora 8 [--sizes 16m,smollm2]   # full vs adapter
+    python benchmarks/weights.py --deltas runs/math/weights/solver  # whole vs delta
 
 What a version costs beyond moving its bytes: the weight store hashes every file
 (sha256) on publish, writes a manifest last, lists versions to find the newest,
@@ -21,6 +22,9 @@ ratio is the claim (aim: at most 1.3). Sizes: `math` is the math flow's model
 (4 MB, so per-request costs dominate); `NNm` is a model of about NN million
 parameters in float32 (large files: hashing and bandwidth dominate); `smollm2`
 is SmolLM2-135M-Instruct (tests/hf_fixtures.py's cached import).
+
+`--deltas DIR` reports instead, from a run's own versions, how many bytes a version
+costs stored as a delta (benchmarks/weight_deltas.py; docs/weights.md).
 
 `--lora R` measures instead what a version of a LoRA policy costs against a full
 version of the same model, per version and through the same code: the trainer's
@@ -268,7 +272,13 @@ def main() -> None:
     ap.add_argument("--lora", type=int, default=0, metavar="R",
                     help="compare full versions with rank-R adapter versions instead")
     ap.add_argument("--stores", default="local,s3", help="with --lora: local, s3 (moto)")
+    ap.add_argument("--deltas", metavar="DIR", help="a run's weights/<policy> folder: bytes of "
+                    "each version whole vs as a delta, per step (benchmarks/weight_deltas.py)")
     args = ap.parse_args()
+    if args.deltas:
+        from benchmarks.weight_deltas import main as main_deltas
+
+        return main_deltas(args.deltas)
     if args.lora:
         return main_lora(args)
 

@@ -10,13 +10,15 @@ keeps the weight store's contract:
              then the manifest — identical to the source's — is written last
 
 so a replica version exists exactly when all its bytes are there; a mirror killed
-mid-copy leaves an invisible folder that the next pass overwrites. Replicas keep
-only the newest `keep_last` versions (and version 0).
+mid-copy leaves an invisible folder that the next pass overwrites. A delta version
+is copied as stored (its payload), after the versions it is rebuilt from. Replicas
+keep the newest `keep_last` versions (and version 0), with their chains.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Sequence
@@ -31,8 +33,25 @@ log = logging.getLogger("astraflow.mirror")
 def mirror_version(src: WeightStore, dst: WeightStore, policy: str, version: int) -> None:
     """Copy one verified version from `src` into `dst`, manifest last."""
     man = src.manifest(policy, version)
-    path = src.load(policy, version, manifest=man)  # TamperedWeights rather than copy bad bytes
-    dst.publish(policy, path, step=man.step, keep_src=True, expect=man)
+    path = src.payload(policy, version, man)  # TamperedWeights rather than copy bad bytes
+    try:
+        dst.publish(policy, path, step=man.step, keep_src=True, expect=man)
+    finally:
+        if man.delta is not None and src.objects.remote:
+            shutil.rmtree(path, ignore_errors=True)  # a download of the payload
+
+
+def _with_chains(src: WeightStore, policy: str, versions: list[int], have: set[int]) -> list[int]:
+    """`versions` in the order to copy them: each after the chain it is rebuilt from
+    (the missing part of it), newest first otherwise."""
+    out: list[int] = []
+    for v in versions:
+        chain, m = [], src.manifest(policy, v)
+        while m.delta is not None and m.delta["parent"] not in have | set(out) | set(chain):
+            chain.append(m.delta["parent"])
+            m = src.manifest(policy, m.delta["parent"])
+        out += [c for c in reversed(chain) if c not in out] + ([v] if v not in out else [])
+    return out
 
 
 def sync_replica(src: WeightStore, dst: WeightStore, policy: str, *, keep_last: int) -> list[int]:
@@ -46,8 +65,9 @@ def sync_replica(src: WeightStore, dst: WeightStore, policy: str, *, keep_last: 
     if not want:
         return []
     have = set(dst.versions(policy))
-    todo = [v for v in sorted({*want[-keep_last:], *({0} & set(want))}, reverse=True)
-            if v not in have]
+    todo = _with_chains(src, policy, [
+        v for v in sorted({*want[-keep_last:], *({0} & set(want))}, reverse=True)
+        if v not in have], have)
     copied = []
     for v in todo:
         try:

@@ -9,7 +9,10 @@ on publish and on load: safetensors only.
 
 The root is a local directory or `s3://bucket/prefix` (`stores.objects`). On
 S3, `load` downloads a version into a local cache (verified on every load) so
-that transformers and vLLM always read a local folder.
+that transformers and vLLM always read a local folder. A version may be stored
+as a delta against its parent (`stores.deltas`); `load` rebuilds it in the cache
+from the nearest version held there or the chain's full snapshot, and checks
+every rebuilt file and the digest of them all against the manifest.
 """
 
 from __future__ import annotations
@@ -21,73 +24,34 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from astraflow.stores import retry
+from astraflow.stores import deltas, retry
+from astraflow.stores.chains import Chains
+from astraflow.stores.manifest import (
+    ALLOWED_SUFFIXES,
+    BASE_FILE,
+    FORMAT,
+    MANIFEST,
+    Manifest,
+    TamperedWeights,
+    WeightError,
+    cache_root,
+    check_allowed,
+    sha256_file,
+)
 from astraflow.stores.objects import ObjectStore
 from astraflow.stores.uri import S3Settings
 
-MANIFEST = "MANIFEST.json"
 #: Versions below the one just loaded that the local download cache keeps (S3 only).
 CACHE_KEEP = 4
-FORMAT = 1
-#: Only formats that cannot execute code when loaded.
-ALLOWED_SUFFIXES = (".safetensors", ".json", ".txt", ".jinja", ".md")
-#: In an adapter version: the version (of the same policy) whose weights it applies to
-#: (astraflow.models.lora.BASE_FILE). Version 0, which `prune` always keeps.
-BASE_FILE = "base.json"
+__all__ = ["ALLOWED_SUFFIXES", "BASE_FILE", "MANIFEST", "Manifest", "TamperedWeights",
+           "WeightError", "WeightStore", "cache_root"]
 
 
-class WeightError(RuntimeError):
-    """A weight version is missing, tampered with, or not allowed."""
-
-
-class TamperedWeights(WeightError):
-    """A file does not match its manifest (size or sha256)."""
-
-
-@dataclass(frozen=True)
-class Manifest:
-    policy: str
-    version: int
-    step: int
-    parent: int | None
-    time: float
-    files: dict[str, dict[str, Any]]
-    lineage: int | None = None
-    """Trained versions on this version's ancestry (its depth in the lineage tree: a
-    republish of restored weights that carry no new update keeps its source's depth);
-    staleness is measured in it (astraflow/train/lineage.py). None: written before
-    the field existed."""
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(int(f["size"]) for f in self.files.values())
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _check_allowed(name: str) -> None:
-    if not name.endswith(ALLOWED_SUFFIXES):
-        raise WeightError(
-            f"refusing weight file {name!r}: only {', '.join(ALLOWED_SUFFIXES)} are allowed "
-            f"(pickle-based formats such as .bin/.pt can run code when loaded; save with safetensors)"
-        )
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
-
-
-class WeightStore:
+class WeightStore(Chains):
     """Weight versions of every policy under one root (directory or s3:// URI)."""
 
     def __init__(self, root: str | Path, *, retry_budget_s: float = retry.DEFAULT_BUDGET_S,
@@ -96,6 +60,10 @@ class WeightStore:
         self.root = self.objects.local() or Path(self.objects.uri)
         #: Bases of adapter versions verified (and, on S3, fetched) by this store.
         self._bases: set[tuple[str, int]] = set()
+        self._manifests: dict[tuple[str, int], Manifest] = {}
+        #: Bytes of stored objects this store read to load versions (payloads, downloads).
+        self.bytes_fetched = 0
+        self._read: set[tuple[str, int]] = set()
 
     @staticmethod
     def _rel(policy: str, version: int, name: str = "") -> str:
@@ -104,8 +72,13 @@ class WeightStore:
     def dir(self, policy: str, version: int) -> Path:
         """Where a version's files are read from: in place locally, the cache for S3."""
         local = self.objects.local(self._rel(policy, version))
-        if local is not None:
-            return local
+        return local if local is not None else self._cache_dir(policy, version)
+
+    def _cache_dir(self, policy: str, version: int) -> Path:
+        """A version's folder in the local cache: an S3 download or a rebuilt delta (for a
+        local root, beside the versions under `.rebuilt/`, shared by a run's processes)."""
+        if not self.objects.remote:
+            return self.root / ".rebuilt" / policy / f"v{version:08d}"
         endpoint = (self.objects.settings or S3Settings.from_env()).key
         key = hashlib.sha256(f"{endpoint} {self.objects.uri}".encode()).hexdigest()[:16]
         return cache_root() / "weights" / key / policy / f"v{version:08d}"
@@ -143,15 +116,27 @@ class WeightStore:
             raise TamperedWeights(f"{policy} v{version}: {MANIFEST} is not valid JSON") from err
         if data.get("format") != FORMAT:
             raise WeightError(f"{policy} v{version}: manifest format {data.get('format')} unknown")
-        return Manifest(
+        try:
+            delta = deltas.read_header(data)
+        except ValueError as err:
+            raise WeightError(f"{policy} v{version}: {err}") from err
+        man = Manifest(
             policy=data["policy"], version=data["version"], step=data["step"],
             parent=data["parent"], time=data["time"], files=data["files"],
-            lineage=data.get("lineage"),
+            lineage=data.get("lineage"), delta=delta,
         )
+        self._manifests[(policy, version)] = man
+        return man
+
+    def _known(self, policy: str, version: int) -> Manifest:
+        """A manifest read before by this store (they never change), else read now."""
+        return self._manifests.get((policy, version)) or self.manifest(policy, version)
 
     def publish(self, policy: str, src: Path, *, step: int, version: int | None = None,
                 parent: int | None = None, keep_src: bool = False,
-                expect: Manifest | None = None, lineage: int | None = None) -> int:
+                expect: Manifest | None = None, lineage: int | None = None,
+                delta_chain: int = 0, before_manifest: Callable[[int], None] | None = None
+                ) -> int:
         """Turn a staged folder into the next version; the manifest is written last.
 
         `src` is consumed (moved in locally, uploaded then deleted for S3)
@@ -162,15 +147,21 @@ class WeightStore:
         manifest, and the uploaded objects are checked by size before the
         manifest makes the version visible. `lineage`: the version's depth in
         the lineage tree (Manifest.lineage; a mirror copies the source's).
+        `delta_chain` > 0: store the version as a delta against `parent` unless
+        that would make a chain of more than this many deltas since a snapshot
+        (a mirror copies a delta version's payload as it is). `before_manifest(version)`
+        runs when every file is in place, just before the manifest (a test kills there).
         """
         src = Path(src)
         files = sorted(p for p in src.iterdir() if p.is_file())
         if not files:
             raise WeightError(f"nothing to publish in {src}")
         for p in files:
-            _check_allowed(p.name)
+            check_allowed(p.name)
+        delta = None
         if expect is not None:  # a mirror, which listed the replica: number and lineage as they are
-            version, parent, lineage = expect.version, expect.parent, expect.lineage
+            version, parent, lineage, delta = (expect.version, expect.parent, expect.lineage,
+                                               expect.delta)
         else:
             latest = self.latest(policy)
             parent = latest if parent is None else parent
@@ -178,7 +169,16 @@ class WeightStore:
                 version = 0 if latest is None else latest + 1
             elif self.has(policy, version):
                 raise WeightError(f"{policy} v{version} already exists in {self.objects.uri}")
-        entries = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+        entries = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
+        if delta_chain > 0 and expect is None and BASE_FILE not in entries:
+            encoded = None if parent is None else self._encode(
+                policy, version, src, entries, parent, delta_chain, keep_src)
+            if encoded is not None:
+                src, delta, keep_src = encoded
+                files = sorted(src.iterdir())
+                entries = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
+            else:  # a snapshot: the parent of the next delta
+                self.keep_own(policy, version, src, move=False)
         if expect is not None and entries != expect.files:
             raise TamperedWeights(f"{policy} v{version}: the files to mirror do not match the "
                                   f"source manifest")
@@ -204,6 +204,10 @@ class WeightStore:
         }
         if lineage is not None:
             manifest["lineage"] = lineage
+        if delta is not None:
+            manifest["delta"] = delta
+        if before_manifest is not None:
+            before_manifest(version)
         self.objects.put_bytes(self._rel(policy, version, MANIFEST),
                                json.dumps(manifest, indent=1).encode())
         return version
@@ -225,22 +229,29 @@ class WeightStore:
         cached copy that fails verification is fetched again before giving up
         (the cache, not the store, may be what is damaged); `refresh` skips
         the cache altogether (the audit verifies the objects in the store).
+        A delta version is rebuilt (`_rebuild`); a missing or tampered delta
+        raises TamperedWeights like a tampered file of a whole version.
         `manifest`: one the caller just read (a mirror), to save reading it again.
         """
         man = manifest or self.manifest(policy, version)
+        if man.delta is not None:
+            return self._rebuild(policy, man, refresh=refresh)
         d = self.dir(policy, version)
         if not self.objects.remote:
-            self._verify(policy, version, man, d)
+            if (policy, version) not in self._read:  # in place: it is read once, as a download
+                self._read.add((policy, version))
+                self.bytes_fetched += man.total_bytes
+            self._verify(policy, version, man.files, d)
             self._load_base(policy, version, man, d)
             return d
         self._download(policy, version, man, d, everything=refresh)
         try:
-            self._verify(policy, version, man, d)
+            self._verify(policy, version, man.files, d)
         except TamperedWeights:
             if refresh:
                 raise
             self._download(policy, version, man, d, everything=True)
-            self._verify(policy, version, man, d)
+            self._verify(policy, version, man.files, d)
         self._load_base(policy, version, man, d)
         self._trim_cache(d.parent, version)
         return d
@@ -269,9 +280,9 @@ class WeightStore:
                 shutil.rmtree(old, ignore_errors=True)
 
     @staticmethod
-    def _verify(policy: str, version: int, man: Manifest, d: Path) -> None:
-        for name, meta in man.files.items():
-            _check_allowed(name)
+    def _verify(policy: str, version: int, files: dict[str, dict[str, Any]], d: Path) -> None:
+        for name, meta in files.items():
+            check_allowed(name)
             p = d / name
             if not p.is_file():
                 raise TamperedWeights(f"{policy} v{version}: {name} listed in manifest is missing")
@@ -279,10 +290,10 @@ class WeightStore:
                 raise TamperedWeights(
                     f"{policy} v{version}: {name} is {p.stat().st_size} bytes, manifest says {meta['size']}"
                 )
-            if _sha256(p) != meta["sha256"]:
+            if sha256_file(p) != meta["sha256"]:
                 raise TamperedWeights(f"{policy} v{version}: {name} sha256 does not match the manifest")
         for p in d.iterdir():
-            if p.is_file() and p.name != MANIFEST and p.name not in man.files:
+            if p.is_file() and p.name != MANIFEST and p.name not in files:
                 raise TamperedWeights(f"{policy} v{version}: unexpected file {p.name} not in manifest")
 
     def _download(self, policy: str, version: int, man: Manifest, d: Path, *,
@@ -298,7 +309,7 @@ class WeightStore:
         if everything:
             remote = set(self.objects.walk(self._rel(policy, version))) - {MANIFEST}
             for name in sorted(remote - names):
-                _check_allowed(name)
+                check_allowed(name)
             names |= remote
         for name in sorted(names):
             p = d / name
@@ -307,6 +318,7 @@ class WeightStore:
             if everything or not fresh:
                 try:
                     self.objects.get_file(self._rel(policy, version, name), p)
+                    self.bytes_fetched += p.stat().st_size
                 except FileNotFoundError:
                     pass  # _verify names the missing file
 
@@ -314,7 +326,8 @@ class WeightStore:
         self, policy: str, *, keep_last: int, keep_every: int = 0, protect: set[int] | None = None
     ) -> list[int]:
         """Delete old versions, keeping the newest `keep_last`, every `keep_every`-th
-        (milestones for curves) and any in `protect` (named by a checkpoint).
+        (milestones for curves) and any in `protect` (named by a checkpoint), and
+        every version a kept delta version is rebuilt from (its chain to the snapshot).
         Version 0 is always kept: it is every run's baseline, and the base that every
         adapter version of a LoRA policy applies to (BASE_FILE)."""
         vs = self.versions(policy)
@@ -323,6 +336,11 @@ class WeightStore:
         keep |= {0} & set(vs)  # version 0 is every run's baseline
         if keep_every > 0:
             keep |= {v for v in vs if v % keep_every == 0}
+        for v in sorted(keep & set(vs), reverse=True):  # a kept delta keeps its chain
+            m = self._known(policy, v)
+            while m.delta is not None and m.delta["parent"] in vs:
+                keep.add(m.delta["parent"])
+                m = self._known(policy, m.delta["parent"])
         removed = []
         for v in vs:
             if v not in keep:

@@ -118,14 +118,15 @@ def _warm_start(target: float = 0.3) -> tuple[torch.nn.Module, float]:
 
 
 def _rl(start: torch.nn.Module, *, steps: int, shuffle: bool, prompts: int = 8,
-        samples: int = 16, lr: float = 3e-4) -> tuple[list[float], float]:
+        samples: int = 16, lr: float = 3e-4, via=None) -> tuple[list[float], float]:
     """GRPO on the tiny model; returns each step's mean reward (before shuffling) and
     the final greedy accuracy. Only parameters that require grad train (a LoRA model:
-    its adapters)."""
+    its adapters). `via(model, served)`: how the sampler's own copy `served` gets the
+    trained weights after each step (default: it samples from the trained model itself)."""
     model = copy.deepcopy(start)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
                             betas=(0.9, 0.99))
-    engine = HFEngine(model, CODEC)
+    engine = HFEngine(model if via is None else copy.deepcopy(start), CODEC)
     rng, gen = random.Random(1), torch.Generator().manual_seed(1)
     ctx = StageContext(policy="p", version=0, step=0)
     settings = StepSettings(loss=LossConfig("ppo"), temperature=TEMPERATURE)
@@ -151,6 +152,8 @@ def _rl(start: torch.nn.Module, *, steps: int, shuffle: bool, prompts: int = 8,
             [out.logprobs[i] for i in keep], [[1] * len(out.completions[i]) for i in keep],
             rows.column("advantage").to_pylist())
         optimize(model, opt, batch, CODEC.pad_id, settings)
+        if via is not None:
+            via(model, engine.model)
     return curve, _accuracy(model)
 
 

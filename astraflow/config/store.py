@@ -117,3 +117,9 @@ class StoreSpec(Spec):
     """Newest weight versions kept per policy (version 0 is always kept)."""
     keep_every: int = Field(25, ge=0)
     """Also keep every N-th version (milestones for accuracy curves); 0 = none."""
+    delta_chain: int = Field(0, ge=0)
+    """Publish a full-weight version as a delta against its parent (each weight file
+    XOR its parent's, zstd-compressed; docs/weights.md), with a whole snapshot after
+    this many deltas in a row. Workers then fetch only the deltas after the version
+    they hold, and replicas copy deltas. 0: every version whole. Pruning keeps every
+    version a kept delta is rebuilt from, so disk holds up to this many more."""

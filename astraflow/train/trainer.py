@@ -38,6 +38,7 @@ from astraflow.train.dist import Ranks, compute_dtype, peak_memory_mb
 from astraflow.train.fsdp import ShardedStep, full_state_dict, shard
 from astraflow.train.lineage import Lineage
 from astraflow.train.logprobs import LogprobModel
+from astraflow.train.publisher import Publisher
 from astraflow.train.step import Step, optimize, step_settings
 
 log = logging.getLogger("astraflow.trainer")
@@ -73,6 +74,9 @@ class Trainer:
         # Replicas near rollout pools get each version from a background thread.
         self.mirror = Mirror(self.weights, ctx.replicas(), self.policy,
                              keep_last=ctx.flow.store.keep_last)
+        # Deltas are published from a thread (sync mode's worker reads the version at once).
+        self.publisher = Publisher(self.weights, self.policy, ctx.flow.store, self.mirror, background=(
+            ctx.flow.store.delta_chain > 0 and ctx.flow.mode != "sync"))
         self._restore()
         if self.main:
             self.mirror.start()
@@ -320,6 +324,8 @@ class Trainer:
         if self.step == self._checkpointed:
             return 0.0
         t0 = time.time()
+        if self.main:
+            self.publisher.wait()  # a checkpoint names only versions that are out
         counters = {
             "steps_done": self.step, "cursor": self.cursor, "weight_version": self.version,
             "rows_consumed": self.rows_consumed, "optimizer_steps": self.optimizer_steps,
@@ -376,15 +382,10 @@ class Trainer:
         if self.main:
             staging = self.weights.staging_dir(self.policy)
             save_policy(self.model, staging, source=self.carried, state_dict=state)
-            version = self.weights.publish(self.policy, staging, step=self.step, parent=source,
-                                           lineage=depth)
+            version = self.publisher.publish(staging, step=self.step, parent=source, lineage=depth)
         self.version = self.ranks.share(version)
         self.lineage.add(self.version, source, depth)
         self.updates_since_publish = 0
-        if self.main:
-            store = self.ctx.flow.store
-            self.weights.prune(self.policy, keep_last=store.keep_last, keep_every=store.keep_every)
-            self.mirror.kick()
         return time.time() - t0
 
     def run(self, *, max_steps: int | None = None, deadline: float | None = None,
@@ -433,6 +434,7 @@ class Trainer:
         if took and self.main:
             log.info("checkpointed %s after step %d in %.2fs", self.policy, self.step - 1, took)
         if self.main:
+            self.publisher.wait()
             self.mirror.stop(timeout=10.0)  # the newest version out to the replicas, if it can
         return self.step
 
