@@ -7,7 +7,7 @@ races it. A trainer started with
 
 stops after finishing each of those steps (ledger row and progress written,
 checkpoint taken only if due), writes `<gate>/paused-<policy>-<step>` holding its
-pid, and waits: the test kills it at exactly that step. Each step pauses once (the
+pid, and waits (an entry `verifier:5` pauses only that policy's trainer): the test kills it at exactly that step. Each step pauses once (the
 file stays), so the restarted trainer redoes it and goes on. The wait ends when
 `<gate>/release-<policy>-<step>` appears or after ASTRAFLOW_TEST_PAUSE_S seconds
 (default 300), so a test that never kills cannot hang a run. With
@@ -31,7 +31,7 @@ KILL_ENV = "ASTRAFLOW_TEST_KILL_BEFORE_MANIFEST"
 def pause_at(policy: str, step: int) -> None:
     """Called by the trainer after each step; returns at once unless PAUSE_ENV names it."""
     steps = os.environ.get(PAUSE_ENV)
-    if not steps or step not in {int(s) for s in steps.split(",") if s.strip()}:
+    if not steps or not _names(steps, policy, step):
         return
     gate = Path(os.environ.get(GATE_ENV) or ".")
     gate.mkdir(parents=True, exist_ok=True)
@@ -48,6 +48,15 @@ def pause_at(policy: str, step: int) -> None:
     deadline = time.monotonic() + float(os.environ.get(TIMEOUT_ENV, "300"))
     while not release.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def _names(entries: str, policy: str, step: int) -> bool:
+    """Whether `entries` ("6,13" or "verifier:5,solver:9") names this policy's step."""
+    for entry in (e.strip() for e in entries.split(",")):
+        who, _, at = entry.rpartition(":")
+        if entry and int(at) == step and who in ("", policy):
+            return True
+    return False
 
 
 def kill_before_manifest(policy: str, version: int) -> None:

@@ -51,12 +51,24 @@ def stop_run(launcher: subprocess.Popen, run: Path) -> None:
                 pass
 
 
-def wait_until(cond, timeout: float, what: str) -> None:
+def wait_until(cond, timeout: float, what: str, run: Path | None = None) -> None:
+    """Poll `cond`; on timeout fail with the tail of each of `run`'s component logs,
+    so a CI failure says where the run stood, not only that it was late."""
     deadline = time.time() + timeout
     while not cond():
         if time.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what}" + log_tails(run))
         time.sleep(0.2)
+
+
+def log_tails(run: Path | None, lines: int = 15) -> str:
+    if run is None or not (run / "logs").is_dir():
+        return ""
+    out = []
+    for log in sorted((run / "logs").glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        out.append(f"\n--- {log.name} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "".join(out)
 
 
 def start_run(tmp_path: Path, flow_dict: dict,
@@ -74,7 +86,8 @@ def start_run(tmp_path: Path, flow_dict: dict,
 def paused_trainer(gate: Path, policy: str, step: int, timeout: float) -> int:
     """The pid of the trainer that stopped after `step` at the test hook (astraflow.testing)."""
     marker = gate / f"paused-{policy}-{step}"
-    wait_until(marker.exists, timeout, f"the trainer to pause after step {step}")
+    run = next(gate.parent.glob("runs/*"), None)
+    wait_until(marker.exists, timeout, f"the {policy} trainer to pause after step {step}", run)
     return int(marker.read_text())
 
 
@@ -135,7 +148,10 @@ def test_pause_hook_is_inert_and_pauses_once(tmp_path, monkeypatch):
     monkeypatch.setenv(testing.PAUSE_ENV, "6")
     monkeypatch.setenv(testing.GATE_ENV, str(tmp_path))
     testing.pause_at("solver", 5)  # not a named step
+    monkeypatch.setenv(testing.PAUSE_ENV, "verifier:6, 7")
+    testing.pause_at("solver", 6)  # another policy's step
     assert not list(tmp_path.iterdir())
+    monkeypatch.setenv(testing.PAUSE_ENV, "solver:6")
     t = threading.Thread(target=testing.pause_at, args=("solver", 6))
     t.start()
     wait_until((tmp_path / "paused-solver-6").exists, 30, "the pause")

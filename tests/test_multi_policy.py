@@ -204,9 +204,14 @@ MP_FLOW = {
 
 @pytest.mark.slow
 def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path):
-    from tests.test_kill import pid_of, start_run, stop_run, wait_until
+    from tests.test_kill import paused_trainer, pid_of, start_run, stop_run, wait_until
 
-    launcher, run = start_run(tmp_path, MP_FLOW)
+    # The test hook holds the verifier's trainer after step 5, mid-interval (a checkpoint
+    # follows every 4th step): killed there, the successor must roll back the steps it
+    # lost and train their rows again. Polling progress for a window instead races it.
+    gate = tmp_path / "gate"
+    launcher, run = start_run(tmp_path, MP_FLOW, {"ASTRAFLOW_TEST_PAUSE_AT_STEP": "verifier:5",
+                                                  "ASTRAFLOW_TEST_GATE": str(gate)})
 
     def step(policy: str) -> int:
         try:
@@ -215,16 +220,12 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
             return -1
 
     try:
-        # Kill mid-interval (a checkpoint follows every 4th step): the successor must roll
-        # back the steps it lost and train their rows again.
-        wait_until(lambda: step("verifier") >= 5 and step("verifier") % 4 in (1, 2), 240,
-                   "verifier step 5")
-        pid = pid_of(run, "trainer-verifier")
-        assert pid is not None
+        pid = paused_trainer(gate, "verifier", 5, 240)
+        assert pid == pid_of(run, "trainer-verifier") and step("verifier") == 5
         os.kill(pid, signal.SIGKILL)
-        t_kill, verifier_at_kill = time.time(), step("verifier")
-        wait_until(lambda: pid_of(run, "trainer-verifier") not in (None, pid), 60, "restart")
-        wait_until(lambda: step("verifier") > verifier_at_kill, 120, "verifier resumed")
+        t_kill = time.time()
+        wait_until(lambda: pid_of(run, "trainer-verifier") not in (None, pid), 60, "restart", run)
+        wait_until(lambda: step("verifier") > 5, 120, "verifier resumed", run)
         out, _ = launcher.communicate(timeout=400)
     finally:
         stop_run(launcher, run)
@@ -249,8 +250,8 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
     for p in ("solver", "verifier"):
         assert counts[p]["steps"] == 40 and counts[p]["duplicate_rows"] == 0
         assert counts[p]["violations"] == 0
-    # Killed between checkpoints, it lost steps: one rollback voids them (unless the trainer
-    # checkpointed in the instant between the test reading its step and the kill).
-    assert counts["verifier"]["rollbacks"] <= 1
-    assert (counts["verifier"]["voided_steps"] >= 1) == (counts["verifier"]["rollbacks"] == 1)
+    # Killed between checkpoints (after step 3 and before step 7), it lost steps 4 and 5:
+    # exactly one rollback voids them.
+    assert counts["verifier"]["rollbacks"] == 1
+    assert counts["verifier"]["voided_steps"] == 2
     assert counts["solver"]["rollbacks"] == 0
