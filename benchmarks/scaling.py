@@ -5,6 +5,7 @@
     python benchmarks/scaling.py --set fresh         # the fresh held-out set
     python benchmarks/scaling.py --set fresh2        # the second fresh set (--set all: every set)
     python benchmarks/scaling.py --set fresh3        # the third fresh set
+    python benchmarks/scaling.py --set ocean         # egress: cheap GPUs across an ocean
     python benchmarks/scaling.py --data ../shared/data --out runs/bench/scaling --steps 1500
 
 The scenarios (`benchmarks/scaling_data.py`): one TUNING scenario (AWS + GCP pools,
@@ -67,6 +68,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from scaling_data import SETS, SPEED, Case, cases, load_catalog
+from scaling_egress import run as run_ocean
 from scaling_floor import hindsight_floor, plot_runs
 
 from astraflow.policies import (
@@ -237,11 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "scaling")
     ap.add_argument("--steps", type=int, default=1500, help="trainer steps every policy runs")
     ap.add_argument("--only", default=None, help="run the scenarios whose name contains this")
-    ap.add_argument("--set", dest="which", choices=SETS, default="old",
+    ap.add_argument("--set", dest="which", choices=(*SETS, "ocean"), default="old",
                     help="old (default): the tuning and held-out scenarios; fresh: the ones "
                          "added after them, kept unseen until a revised hedge is run on "
                          "them once; fresh2, fresh3: a second and a third such set; "
-                         "all: every set")
+                         "all: every set; ocean: egress priced, cheap GPUs an ocean "
+                         "from the store (benchmarks/scaling_egress.py)")
     ap.add_argument("--policy-config", default=None, metavar="FILE.yaml|'{k: v}'",
                     help="CostConfig options for the cost runs (default: its defaults and "
                          "bootstrap = need - 1), e.g. --policy-config '{wait_budget: 0.05}'")
@@ -250,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no {ns.data}/gpu_prices.csv: pass --data", file=sys.stderr)
         return 2
     ns.out.mkdir(parents=True, exist_ok=True)
+    if ns.which == "ocean":
+        return run_ocean(ns.data, ns.steps, ns.out)
     try:
         params = read_options(ns.policy_config)
         CostAware(**params)  # checked once here, not in the middle of the runs

@@ -11,7 +11,7 @@ name, built-in or `module:attr`, through astraflow.registry.make_policy).
 
 Modules: `api` (Observation, Pool, Plan, Policy), `builtin` (fixed, deadband),
 `cost` (the cost-aware policy and its typed `CostConfig`), `prices` (SkyPilot catalog
-or a CSV), `traces` (spot capacity traces), `scaling_sim` (the policies replayed over
+or a CSV), `egress` ($/GB between regions and clouds, bytes a run moves), `traces` (spot capacity traces), `scaling_sim` (the policies replayed over
 a run, on the discrete-event engine of `events`).
 """
 
@@ -27,13 +27,14 @@ from astraflow.policies.api import (
 )
 from astraflow.policies.builtin import DeadBand, Fixed
 from astraflow.policies.cost import CostAware, CostConfig
+from astraflow.policies.egress import EgressTable, Traffic, default_egress, read_egress
 from astraflow.policies.prices import Catalog, PriceRow, load_prices, read_csv
 from astraflow.policies.scaling_sim import Scenario, SimRun, Workload, format_runs, simulate
 from astraflow.policies.traces import SpotTrace, load_trace
 
 __all__ = [
-    "Catalog", "CostAware", "CostConfig", "DeadBand", "Decision", "Fixed", "Observation", "Plan",
-    "Policy", "Pool", "PoolState", "PriceRow", "ScalingPolicy", "Scenario", "SimRun", "SpotTrace",
-    "TrainerState", "Workload", "format_runs", "load_prices", "load_trace", "read_csv",
-    "simulate",
+    "Catalog", "CostAware", "CostConfig", "DeadBand", "Decision", "EgressTable", "Fixed",
+    "Observation", "Plan", "Policy", "Pool", "PoolState", "PriceRow", "ScalingPolicy", "Scenario",
+    "SimRun", "SpotTrace", "Traffic", "TrainerState", "Workload", "default_egress", "format_runs",
+    "load_prices", "load_trace", "read_csv", "read_egress", "simulate",
 ]

@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
+from astraflow.policies.egress import Traffic
+
 
 @dataclass(frozen=True)
 class Pool:
@@ -36,11 +38,17 @@ class Pool:
     rows_per_s: float = 1.0  # prior throughput of one worker, until measured
     cold_start_s: float = 120.0  # launch to first row (billed)
     max_workers: int = 64
+    # Egress (policies/egress.py): $/GB for weights from the store's region to this pool's,
+    # and for rows back; `replica`: a weight replica in the pool's region, so weights
+    # cross once per version for the region, not once per worker.
+    weights_usd_per_gb: float = 0.0
+    rows_usd_per_gb: float = 0.0
+    replica: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("Pool.name must be a non-empty string")
-        for f in ("price_per_hour", "cold_start_s"):
+        for f in ("price_per_hour", "cold_start_s", "weights_usd_per_gb", "rows_usd_per_gb"):
             v = getattr(self, f)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"Pool({self.name}).{f} must be a finite number >= 0, got {v!r}")
@@ -90,6 +98,15 @@ class TrainerState:
     demand_rows_per_s: float | None = None  # rows/s it would consume if never waiting
     steps_done: int = 0
     steps_target: int | None = None  # stop.max_steps
+    traffic: Traffic = Traffic()  # bytes per version and per row (egress; 0: not counted)
+
+    @property
+    def versions_per_hour(self) -> float:
+        """Versions it publishes per hour: one per step at its measured pace, else the
+        rate its traffic expects (0: unknown)."""
+        if self.demand_rows_per_s:
+            return self.demand_rows_per_s * 3600.0 / max(self.batch_rows, 1)
+        return self.traffic.versions_per_hour or 0.0
 
 
 @dataclass(frozen=True)

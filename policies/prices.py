@@ -11,7 +11,8 @@ Two sources, one shape (`PriceRow`):
 GCP's catalog prices a GPU apart from its host VM (`price_basis: accelerator_only`);
 `Catalog.price` says so in `basis` and never adds a host price it does not have. A
 spot price equal to on-demand is kept (SkyPilot caps spot at on-demand where there
-is no discount); an empty cell is None.
+is no discount); an empty cell is None. Egress $/GB (`Catalog.egress`, egress.py):
+the shipped list prices with their sources and dates, unless a table is given.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from astraflow.policies.egress import EgressPrice, EgressTable, default_egress
 
 SKY_CATALOG = Path("~/.sky/catalogs/v8")
 SKY_CLOUDS = ("aws", "gcp", "azure", "lambda", "runpod")
@@ -94,9 +97,11 @@ def read_csv(path: str | Path, cloud: str | None = None, *,
 class Catalog:
     """Price rows with look-ups by (cloud, region, accelerator, count, spot)."""
 
-    def __init__(self, rows: Iterable[PriceRow], source: str = ""):
+    def __init__(self, rows: Iterable[PriceRow], source: str = "",
+                 egress: EgressTable | None = None):
         self.rows = list(rows)
         self.source = source
+        self.egress = egress if egress is not None else default_egress()
         if not self.rows:
             raise ValueError(f"no GPU price rows in {source or 'the given rows'}")
 
@@ -122,6 +127,12 @@ class Catalog:
         if not vals:
             return None
         return min(vals) if how == "min" else statistics.median(vals)
+
+    def egress_price(self, src_cloud: str, src_region: str, dst_cloud: str,
+                     dst_region: str) -> EgressPrice:
+        """$/GB the sending cloud bills for bytes from one region to another
+        (`EgressTable.price`)."""
+        return self.egress.price(src_cloud, src_region, dst_cloud, dst_region)
 
     def regions(self, cloud: str, accelerator: str, count: int = 1) -> list[str]:
         return sorted({r.region for r in self.select(cloud=cloud, accelerator=accelerator,

@@ -7,11 +7,11 @@ worker is billed from launch: cold start, then batches of `batch_rows / rows_per
 while the backlog is under `max_backlog_batches`; preempted (trace capacity below its
 pool's live count, newest first, or a drawn lifetime from `preemptions_per_hour`), its
 batch in flight is lost. The trainer takes `batches_per_step` batches per step of
-`train_s` until `steps` steps (or the horizon).
-
-Deterministic for a given seed. Left out: network and store time, weights reload (in
-the batch time), the trainer's own preemptions, price changes during the run, and any
-speed difference between workers of one pool.
+`train_s` until `steps` steps (or the horizon). Egress (`Workload.traffic`, pools' $/GB): before each batch a remote worker fetches its
+version's deltas to the newest, or a snapshot and chain (`Traffic.fetch_bytes`); a
+replica region gets each version as stored; rows go back to the store. Deterministic for
+a seed. Left out: network and store time, the trainer's own preemptions, price changes,
+and speed differences within a pool.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from astraflow.policies.api import (
     Decision,
@@ -29,6 +29,7 @@ from astraflow.policies.api import (
     ScalingPolicy,
     TrainerState,
 )
+from astraflow.policies.egress import GB, Traffic
 from astraflow.policies.events import Engine, Wait
 from astraflow.policies.traces import SpotTrace
 
@@ -46,6 +47,7 @@ class Workload:
     deadline_s: float | None = None  # shown to policies (deadline protection)
     trainer_price_per_hour: float = 0.0  # the trainer's machine, the same under every policy
     trainer_gpus: int = 0
+    traffic: Traffic = Traffic()  # bytes per version and per row (egress; 0: not counted)
 
     @property
     def demand_rows_per_s(self) -> float:
@@ -79,6 +81,7 @@ class _Worker:
     launched: float
     death: float = math.inf  # drawn lifetime (rate preemption)
     productive: float | None = None
+    held: int | None = None  # the weight version it serves
     ended: float | None = None
     retiring: bool = False
     preempted: bool = False
@@ -113,10 +116,14 @@ class SimRun:
     cost_use: dict[str, float]
     timeline: list[dict]  # per control tick: t, live per pool, cost, wait, backlog
     decisions: list[Decision]
+    egress_cost: float = 0.0  # $ for bytes crossing a region or cloud boundary
+    # GB and $ by what crossed: "weights" (to workers), "replica" (to replicas), "rows"
+    egress_gb: dict[str, float] = field(default_factory=dict)
+    egress_usd: dict[str, float] = field(default_factory=dict)
 
     @property
     def total_cost(self) -> float:
-        return self.rollout_cost + self.trainer_cost
+        return self.rollout_cost + self.trainer_cost + self.egress_cost
 
 
 def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> SimRun:
@@ -134,6 +141,22 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
     lost = [0]
     timeline: list[dict] = []
     decisions: list[Decision] = []
+    traffic = replace(w.traffic, versions_per_hour=3600.0 / w.train_s,
+                      worker_batch_rows=w.batch_rows)
+    gb = {"weights": 0.0, "replica": 0.0, "rows": 0.0}
+    usd = dict.fromkeys(gb, 0.0)
+    replicas = {(p.cloud, p.region): p.weights_usd_per_gb for p in scn.pools
+                if p.replica and p.weights_usd_per_gb}
+
+    def bill(what: str, nbytes: float, usd_per_gb: float) -> None:
+        if nbytes and usd_per_gb:
+            gb[what] += nbytes / GB
+            usd[what] += nbytes / GB * usd_per_gb
+
+    def published(version: int) -> None:
+        """A version is out: every replica region receives it as stored."""
+        for price in replicas.values():
+            bill("replica", traffic.stored_bytes(version), price)
 
     def finished() -> bool:
         return st["steps"] >= w.steps or eng.now >= w.horizon_s
@@ -170,6 +193,9 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
             if k.retiring or finished():
                 return end(k, eng.now)
             v0 = st["steps"]
+            if not p.replica:
+                bill("weights", traffic.fetch_bytes(k.held, v0), p.weights_usd_per_gb)
+            k.held = v0
             yield min(batch_s, max(k.death - eng.now, 0.0))
             if k.ended is not None or eng.now >= k.death:  # preempted mid-batch: lost
                 lost[0] += w.batch_rows
@@ -177,6 +203,7 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
                     preempt(k, k.death)
                 return
             backlog.append((eng.now, v0))
+            bill("rows", w.batch_rows * traffic.row_bytes, p.rows_usd_per_gb)
             k.rows += w.batch_rows
             produced.append((eng.now, p.name, w.batch_rows))
             if k.retiring or finished():
@@ -198,6 +225,7 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
                 stale.append(st["steps"] - v0)
             yield w.train_s
             st["steps"] += 1
+            published(st["steps"])
         st["done_at"] = eng.now
 
     def live(pool: str) -> list[_Worker]:
@@ -232,7 +260,7 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
 
     def cost_so_far(t: float) -> float:
         return sum(((k.ended if k.ended is not None else t) - k.launched)
-                   * k.pool.price_per_hour / 3600 for k in workers)
+                   * k.pool.price_per_hour / 3600 for k in workers) + sum(usd.values())
 
     def observe() -> Observation:
         now, since = eng.now, eng.now - scn.window_s
@@ -258,7 +286,7 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
                           max_backlog_rows=w.max_backlog_batches * w.batch_rows,
                           demand_rows_per_s=w.demand_rows_per_s if st["first"] is not None
                           else None,
-                          steps_done=st["steps"], steps_target=w.steps)
+                          steps_done=st["steps"], steps_target=w.steps, traffic=traffic)
         left = None if w.deadline_s is None else w.deadline_s - now
         return Observation(now, (tr,), tuple(states), left, scn.interval_s)
 
@@ -280,6 +308,7 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
                              "backlog": len(backlog), "steps": st["steps"]})
             yield scn.interval_s
 
+    published(0)
     eng.spawn(controller())
     eng.spawn(trainer())
     for pname, tr in scn.traces.items():
@@ -316,15 +345,20 @@ def simulate(scn: Scenario, policy: ScalingPolicy, name: str | None = None) -> S
         preemptions=sum(k.preempted for k in workers),
         launch_failures=sum(len(v) for v in fail_t.values()),
         rows_lost=lost[0], worker_hours=hours, gpu_hours_use=use, cost_use=dollars,
-        timeline=timeline, decisions=decisions)
+        timeline=timeline, decisions=decisions, egress_cost=sum(usd.values()),
+        egress_gb=gb, egress_usd=usd)
 
 
 def format_runs(runs: list[SimRun]) -> str:
-    head = (f"{'policy':<15}{'steps':>7}{'hours':>7}{'rollout $':>11}{'total $':>10}"
+    """A table of runs; an `egress $` column where any run paid for crossing bytes."""
+    eg = any(r.egress_cost for r in runs)
+    head = (f"{'policy':<15}{'steps':>7}{'hours':>7}{'rollout $':>11}"
+            + (f"{'egress $':>10}" if eg else "") + f"{'total $':>10}"
             f"{'GPU-h':>9}{'wait':>7}{'stale':>7}{'preempt':>9}{'no-cap':>8}")
     lines = [head]
     for r in runs:
         lines.append(f"{r.policy:<15}{r.steps:>7}{r.wall_s / 3600:>7.2f}{r.rollout_cost:>11.2f}"
+                     + (f"{r.egress_cost:>10.2f}" if eg else "") +
                      f"{r.total_cost:>10.2f}{r.gpu_hours:>9.1f}{r.trainer_wait_fraction:>7.1%}"
                      f"{r.staleness_mean:>7.2f}{r.preemptions:>9}{r.launch_failures:>8}")
     return "\n".join(lines)

@@ -77,12 +77,16 @@ class LaunchPlan:
     def describe(self, catalog: Catalog | None = None, *, no_prices: str = "") -> str:
         """The plan as text; with a price `catalog`, an hourly estimate per job and in all
         (astraflow.cloud.prices); without one, `no_prices` says why there is none."""
+        from astraflow.cloud.egress import egress_lines
         from astraflow.cloud.prices import price_jobs
 
         prices = price_jobs(self.sky_jobs, catalog) if catalog is not None else {}
+        egress, egress_all, egress_usd = (egress_lines(self, catalog) if catalog is not None
+                                          else ({}, [], 0.0))
 
         def price(j: SkyJob) -> list[str]:
-            return [f"    price:     {prices[j.name].detail}"] if j.name in prices else []
+            return ([f"    price:     {prices[j.name].detail}"] if j.name in prices else []) \
+                + egress.get(j.name, [])
 
         lines = [f"launch plan for flow {self.flow.name!r} (launch id {self.launch_id})",
                  f"  store:   {self.store}",
@@ -119,9 +123,14 @@ class LaunchPlan:
             left = [n for n, p in prices.items() if p.per_hour is None]
             extra = [f"{len(left)} job(s) with no catalog price"] if left else []
             extra += ["Modal calls (billed by Modal)"] if self.modal else []
-            lines.append(f"estimated: ~${sum(known):.2f}/h while everything runs, from "
-                         f"{catalog.source}" + (f"; not included: {', '.join(extra)}"
-                                                if extra else ""))
+            if not egress_all:
+                extra += ["egress (set launch.store_region and launch.traffic)"]
+            lines += egress_all
+            gpus = sum(known)
+            lines.append(f"estimated: ~${gpus + egress_usd:.2f}/h while everything runs, from "
+                         f"{catalog.source}" + (f" (${gpus:.2f}/h machines + ${egress_usd:.2f}/h "
+                                                f"egress)" if egress_all else "")
+                         + (f"; not included: {', '.join(extra)}" if extra else ""))
         elif no_prices:
             lines.append(f"estimated: no price estimate ({no_prices})")
         lines += [f"note: {n}" for n in self.notes]

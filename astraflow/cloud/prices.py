@@ -5,8 +5,9 @@ is rented: the cheapest placement SkyPilot could pick among a job's `any_of` ent
 (SkyPilot itself picks the cheapest it can get), times its nodes and jobs. The prices
 are SkyPilot's catalog CSVs (`~/.sky/catalogs/v8/<cloud>/vms.csv`, fetched by SkyPilot
 on first use, or `$ASTRAFLOW_SKY_CATALOG`) read by `policies.prices`, so no SkyPilot
-import and no network. An estimate, not a bill: disks, egress and the jobs controller
-are not in it, and GCP's catalog prices a GPU apart from its host VM (said so).
+import and no network. An estimate, not a bill: disks and the jobs controller are not
+in it; egress is where the flow names its store's region (`egress.py`); GCP's catalog
+prices a GPU apart from its host VM (said so).
 Modal calls are not in SkyPilot's catalog and are left out, by name.
 """
 

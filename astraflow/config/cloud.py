@@ -141,6 +141,27 @@ class RolloutPoolSpec(_Placement):
         return self
 
 
+class TrafficSpec(Spec):
+    """What each policy's run moves across region and cloud boundaries, for the launch
+    estimate's egress lines (priced per GB by `astraflow.policies.egress`)."""
+
+    version_gb: float = Field(0.0, ge=0)
+    """GB of one whole weight version in the dtype the workers serve (SmolLM2-135M in
+    bfloat16: 0.27; an 8B model: 16); 0: the weights' egress is not estimated."""
+    versions_per_hour: float = Field(60.0, ge=0)
+    """Versions each policy publishes per hour (one per trainer step)."""
+    reloads_per_hour: float = Field(60.0, ge=0)
+    """Times a rollout worker loads the newest weights per hour (once per batch)."""
+    rows_per_hour: float = Field(0.0, ge=0)
+    """Trajectory rows of each policy all workers give per hour (shared by the pools by
+    their workers); 0: the rows' egress is not estimated."""
+    row_kb: float = Field(8.0, ge=0)
+    """kB of one trajectory row as stored."""
+    delta_ratio: float = Field(0.037, gt=0, le=2)
+    """A delta's bytes over a whole version, used where `store.delta_chain` > 0 (0.037:
+    SmolLM2-135M in bfloat16, measured; docs/weights.md)."""
+
+
 class LaunchSpec(Spec):
     """Where `astraflow launch` runs this flow: one trainer per policy and rollout pools,
     all started with the flow's `store.uri` (an s3:// bucket) and nothing else."""
@@ -151,6 +172,12 @@ class LaunchSpec(Spec):
     """Rollout worker pools; empty: start workers yourself (`astraflow rollout STORE`)."""
     modal_app: str = Field("astraflow-rollout", min_length=1)
     """Name of the deployed Modal app whose `Rollout` class modal pools call."""
+    store_region: str | None = Field(None, pattern=r"^[a-z0-9]+/[A-Za-z0-9_.-]+$")
+    """The store bucket's `cloud/region` (e.g. aws/us-east-1). With it, `launch --dry-run`
+    prices the bytes crossing to trainers and pools placed elsewhere (egress, with
+    `traffic`); None: egress is not estimated."""
+    traffic: TrafficSpec = TrafficSpec()
+    """Bytes per version and rows per hour, for the egress estimate."""
 
     @field_validator("rollout")
     @classmethod

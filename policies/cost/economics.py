@@ -4,6 +4,8 @@ Dollars per useful row are the price over rows/s net of the cold starts and lost
 batches recent preemptions cost; GPU-hours per row are the accelerator's, not its
 luck. A pool whose rows take more GPU-hours than the reference's is left out: spot is
 meant to replace on-demand at a discount, not to buy the same rows with more GPUs.
+A row's dollars include the bytes its worker moves across a region or cloud boundary
+(`egress_per_hour`): cheap GPUs an ocean from the store can lose once that counts.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import math
 
 from astraflow.policies.api import Observation, PoolState
 from astraflow.policies.cost.config import CostConfig
+from astraflow.policies.egress import GB
 
 
 def productive_share(cfg: CostConfig, s: PoolState) -> float:
@@ -29,8 +32,27 @@ def useful_rows_per_s(cfg: CostConfig, s: PoolState) -> float:
     return s.throughput * productive_share(cfg, s)
 
 
-def dollars_per_row(cfg: CostConfig, s: PoolState) -> float:
-    return s.pool.price_per_hour / (3600.0 * useful_rows_per_s(cfg, s))
+def egress_per_hour(s: PoolState, obs: Observation | None) -> float:
+    """$/h one productive worker of `s` adds in egress: the weights it fetches from the
+    store's region (none where a replica serves its region: those bytes cross once per
+    version whoever reads them) and the rows it sends back, per trainer's traffic."""
+    p = s.pool
+    if obs is None or not (p.weights_usd_per_gb or p.rows_usd_per_gb) or not obs.trainers:
+        return 0.0
+    usd = 0.0
+    for t in obs.trainers:
+        tr = t.traffic
+        if p.weights_usd_per_gb and not p.replica and tr.version_bytes:
+            vph = t.versions_per_hour
+            rph = 3600.0 * s.throughput / tr.worker_batch_rows if tr.worker_batch_rows else vph
+            usd += tr.worker_bytes_per_hour(vph, rph) / GB * p.weights_usd_per_gb
+        usd += 3600.0 * s.throughput / len(obs.trainers) * tr.row_bytes / GB * p.rows_usd_per_gb
+    return usd
+
+
+def dollars_per_row(cfg: CostConfig, s: PoolState, obs: Observation | None = None) -> float:
+    """The pool's price plus its egress (with `obs`) over its useful rows/s."""
+    return (s.pool.price_per_hour + egress_per_hour(s, obs)) / (3600.0 * useful_rows_per_s(cfg, s))
 
 
 def gpu_hours_per_row(s: PoolState) -> float:
@@ -46,7 +68,7 @@ def gpu_budget(cfg: CostConfig, obs: Observation) -> tuple[float, str]:
     if cfg.gpu_ref == "none" or not usable:
         return math.inf, ""
     if cfg.gpu_ref == "ondemand" and od:
-        ref = min(od, key=lambda s: s.pool.price_per_hour / s.throughput)
+        ref = min(od, key=lambda s: dollars_per_row(cfg, s, obs))
     else:  # "fewest", or no on-demand pool to compare with: the fastest per GPU
         ref = min(usable, key=gpu_hours_per_row)
     return gpu_hours_per_row(ref) * (1.0 + cfg.gpu_slack), ref.pool.name
@@ -98,10 +120,11 @@ def remaining_s(obs: Observation, rows_per_s: float) -> float:
     return max(rows, 0) / rows_per_s
 
 
-def move_pays(cfg: CostConfig, s: PoolState, c: PoolState, rest: float) -> bool:
+def move_pays(cfg: CostConfig, s: PoolState, c: PoolState, rest: float,
+              obs: Observation | None = None) -> bool:
     """Replacing `s`'s workers by `c`'s saves more over `rest` seconds than the move
     costs: `c`'s cold start, during which the old worker runs on too."""
-    saving = s.throughput * (dollars_per_row(cfg, s) - dollars_per_row(cfg, c))  # $/s
+    saving = s.throughput * (dollars_per_row(cfg, s, obs) - dollars_per_row(cfg, c, obs))
     if saving <= 0:
         return False
     n = s.throughput / useful_rows_per_s(cfg, c)  # c's workers per worker of s

@@ -34,8 +34,8 @@ class CostAware(Policy):
         self.config = config if config is not None else make_config(options)
 
     # -- the rules, for callers that judge a pool as the policy does ----------------
-    def dollars_per_row(self, s: PoolState) -> float:
-        return eco.dollars_per_row(self.config, s)
+    def dollars_per_row(self, s: PoolState, obs: Observation | None = None) -> float:
+        return eco.dollars_per_row(self.config, s, obs)
 
     @staticmethod
     def can_grow(s: PoolState) -> bool:
@@ -66,7 +66,13 @@ class CostAware(Policy):
             raise ValueError("cost: the observation has no pools to plan for")
 
         def per_row(s: PoolState) -> float:
-            return eco.dollars_per_row(cfg, s)
+            return eco.dollars_per_row(cfg, s, obs)
+
+        def usd(s: PoolState) -> str:
+            """$/M rows, and the egress share of it where bytes cross a boundary."""
+            e = eco.egress_per_hour(s, obs) / (3600.0 * eco.useful_rows_per_s(cfg, s))
+            return f"${per_row(s) * 1e6:.1f}/M rows" + (f" incl. ${e * 1e6:.1f} egress"
+                                                         if e else "")
 
         by_cost = sorted(pools, key=per_row)
         supply, starting = eco.supply(obs), sum(s.starting for s in obs.pools)
@@ -114,7 +120,7 @@ class CostAware(Policy):
                 if n > 0:
                     targets[s.pool.name] += n
                     rows -= n * per
-                    used.append(f"+{n} {s.pool.name} (${per_row(s) * 1e6:.1f}/M rows)")
+                    used.append(f"+{n} {s.pool.name} ({usd(s)})")
             return rows
 
         def short_note(short: float) -> str:
@@ -164,7 +170,7 @@ class CostAware(Policy):
                 n, left = n + 1, left - s.throughput
             if n:
                 targets[s.pool.name] -= n
-                used.append(f"-{n} {s.pool.name} (${per_row(s) * 1e6:.1f}/M rows)")
+                used.append(f"-{n} {s.pool.name} ({usd(s)})")
         if used:
             return Plan(targets, f"shrink: {head}" + (f" (>= {cfg.backlog_high:.0%} of "
                                                       f"{bound})" if left < demand else "")
@@ -178,7 +184,7 @@ class CostAware(Policy):
                     continue
                 add((s.live - s.starting) * s.throughput,
                     [c for c in by_cost if c is not s and room(c, moving=True) > 0
-                     and eco.move_pays(cfg, s, c, rest)], moving=True)
+                     and eco.move_pays(cfg, s, c, rest, obs)], moving=True)
             if used:
                 return Plan(targets, f"move: {head}; the replacements first, the dear "
                                      f"workers retire once they give rows: {', '.join(used)}")
