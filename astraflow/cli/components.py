@@ -23,7 +23,8 @@ def rollout(
                                                     "(store.replicas); default $ASTRAFLOW_REGION"
                                               )] = None,
 ) -> None:
-    """Run one rollout worker against a run's store until stopped."""
+    """Run one rollout worker against a run's store until stopped (with
+    `rollout.endpoint`: serve the OpenAI-compatible API for an agent instead)."""
     ctx = open_run(run_dir, "rollout-" + worker_id)
     check_engine(ctx.flow.rollout.engine)
     import time
@@ -33,6 +34,14 @@ def rollout(
 
     stop = stop_flag()
     deadline = time.time() + minutes * 60 if minutes else None
+    if ctx.flow.rollout.endpoint is not None:  # the agent plays the episodes
+        from astraflow.rollout.serving import Refused, Served
+
+        try:
+            Served(ctx, worker_id, region=region).run(should_stop=stop, deadline=deadline)
+        except Refused as err:
+            fail(str(err))
+        return
     RolloutWorker(ctx, worker_id, region=region).run(max_batches=max_batches, deadline=deadline,
                                       should_stop=stop)
 

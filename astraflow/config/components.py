@@ -5,9 +5,29 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from astraflow.config.spec import Spec
+
+
+class EndpointSpec(Spec):
+    """`rollout.endpoint`: the worker serves an OpenAI-compatible API instead of playing
+    the workflow's episodes; your agent plays them (docs/agents.md)."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on. Anything but a loopback address needs a bearer token
+    (`token_env`): the worker refuses to start without one."""
+    port: int = Field(8000, ge=0, le=65535)
+    """TCP port; 0 picks a free one. The URL is written to `<run>/endpoint.json`."""
+    token_env: str = "ASTRAFLOW_ENDPOINT_TOKEN"
+    """Environment variable holding the bearer token (a secret: never in the flow
+    file). When it is set, every request must carry `Authorization: Bearer <token>`."""
+    reward_timeout_s: float = Field(600.0, gt=0)
+    """An episode with no reward this long after its last call is dropped (counted as
+    `episodes_dropped`); a GRPO group still short of `samples_per_prompt` episodes
+    this long after its first reward is written as it is."""
+    max_tokens: int = Field(256, ge=1)
+    """Longest completion when a request names no `max_tokens` (and the most it may)."""
 
 
 class RolloutSpec(Spec):
@@ -47,6 +67,16 @@ class RolloutSpec(Spec):
     policy (redrawn instead, at most 20 times per slot). Such a group has zero advantage
     and is filtered after its rollout was paid for. 0: off. Useful when a run revisits its
     training tasks (a finite pool); the memory is each worker's own."""
+    endpoint: EndpointSpec | None = None
+    """Serve `/v1/chat/completions` and `/v1/completions` for any agent (an OpenAI
+    client) instead of running the workflow; rows are the agent's episodes. None: off."""
+
+    @model_validator(mode="after")
+    def _one_endpoint(self) -> RolloutSpec:
+        if self.endpoint is not None and self.workers != 1:
+            raise ValueError(f"rollout.endpoint is served by one worker (one address): set "
+                             f"rollout.workers: 1, not {self.workers}")
+        return self
 
 
 class TrainerSpec(Spec):

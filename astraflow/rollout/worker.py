@@ -181,7 +181,9 @@ class RolloutWorker:
         return (self.traj.count(policy or self.policies[0])
                 - (progress.rows_consumed if progress else 0))
 
-    def _room(self, policy: str) -> bool:
+    def room(self, policy: str) -> bool:
+        """Whether `policy` is open (weights loaded, lag and backlog in bounds); reloads
+        its weights when its trainer has published since."""
         # The trainer's progress file names its newest version: list the weight store
         # (a LIST request on S3) only when that differs from ours.
         progress = self.ledger.progress(policy)
@@ -202,7 +204,7 @@ class RolloutWorker:
         waited. `self.open` then names the policies whose rows the next batch appends."""
         t0 = time.time()
         while not should_stop():
-            self.open = {p for p in self.policies if self._room(p)}  # each checked, reloaded
+            self.open = {p for p in self.policies if self.room(p)}  # each checked, reloaded
             if self.open and all(v is not None for v in self.versions.values()):
                 break
             self.ledger.flush_due()  # a held-back worker's last metrics show soon
