@@ -53,6 +53,9 @@ KINDS: dict[str, Kind] = {
         "search": "astraflow.envs.search:SearchEnv",
         "code": "astraflow.envs.code:CodeEnv",
         "sql": "astraflow.envs.sql:SqlEnv",
+        "openenv": "astraflow.envs.openenv:OpenEnvEnv",
+        "skyrl_gym": "astraflow.envs.skyrl_gym:SkyrlGymEnv",
+        "verifiers": "astraflow.envs.verifiers:VerifiersEnv",
     }),
     "policy": Kind("scaling policy", "scale", {
         "fixed": "astraflow.policies:Fixed",
