@@ -9,7 +9,9 @@ with a `finish_reason`: answer, no_action, length, max_turns, context or timeout
 `answer` earns reward (an env with `reward_episode` also grades the calls made). Rows
 record turns, tool calls and errors, tool and episode seconds. Tool output enters the
 context rendered by the codec (`encode_tool_turn`) with loss mask 0 and logprob 0.
-Evaluation (`score`) plays the same episodes greedily with the same tools.
+Evaluation (`score`) plays the same episodes greedily with the same tools. A stepped
+env (astraflow.envs.stepped: OpenEnv, skyrl-gym, verifiers) takes each whole turn
+instead: its sessions answer, reward and end episodes (finish `done` or `env_error`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from astraflow.envs.base import (
     ToolResult,
     parse_action,
 )
+from astraflow.envs.stepped import Session, SteppedEnv
 from astraflow.workflows.base import Actor, Demo, EvalItem, Part, Workflow
+from astraflow.workflows.stepped import SteppedPlay
 
 if TYPE_CHECKING:
     from astraflow.envs.base import Env
@@ -41,7 +45,8 @@ if TYPE_CHECKING:
 
 #: generate(prompts, samples, max_new_tokens) -> Generation, ending turns at TURN_STOPS.
 GenerateFn = Callable[[list[list[int]], int, int], "Generation"]
-FINISH_REASONS = ("answer", "no_action", "length", "max_turns", "context", "timeout")
+FINISH_REASONS = ("answer", "no_action", "length", "max_turns", "context", "timeout", "done",
+                  "env_error")
 
 
 @dataclass
@@ -71,6 +76,12 @@ class Episode:
     ended: float | None = None
     events: list[str] = field(default_factory=list)
     """What happened, in order (`turn`, `call:NAME`, `result:NAME`), for tests and logs."""
+    session: Session | None = None
+    """A stepped env's session of this episode (None: the env's tools play it)."""
+    reward: float = 0.0
+    """A stepped episode's reward so far (the sum of its steps')."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """A stepped episode's facts for its row (`env_error`, a rubric's components)."""
 
     def context(self) -> list[int]:
         out = list(self.prompt)
@@ -85,10 +96,11 @@ class Episode:
     def extras(self) -> dict[str, Any]:
         return {"turns": self.turns, "tool_calls": self.tool_calls,
                 "tool_errors": self.tool_errors, "tool_s": round(self.tool_s, 4),
-                "episode_s": round((self.ended or self.started) - self.started, 4)}
+                "episode_s": round((self.ended or self.started) - self.started, 4),
+                **self.info}
 
 
-class ToolAgent(Workflow):
+class ToolAgent(SteppedPlay, Workflow):
     """One policy (role `agent`) plays multi-turn episodes with the env's tools.
 
     Parameters (`workflow.params`): `max_turns`, `max_context_tokens` and
@@ -113,6 +125,9 @@ class ToolAgent(Workflow):
             max_context_tokens=max_context_tokens or base.max_context_tokens,
             episode_timeout_s=episode_timeout_s or base.episode_timeout_s)
         self.show_instructions = codec.is_chat if instructions is None else instructions
+        self.stepped = isinstance(env, SteppedEnv)
+        self.stops: tuple[str, ...] = (tuple(env.turn_stops) if isinstance(env, SteppedEnv)
+                                       else TURN_STOPS)
         self.max_tool_chars = max_tool_chars
         self._pool = ThreadPoolExecutor(max_workers=tool_threads, thread_name_prefix="tool")
         self.last_episodes: list[Episode] = []
@@ -158,9 +173,13 @@ class ToolAgent(Workflow):
 
         def generate(prompts: list[list[int]], samples: int, max_new: int) -> Generation:
             return actor.generate("agent", prompts, samples=samples, max_new_tokens=max_new,
-                                  stop=TURN_STOPS)
+                                  stop=self.stops)
 
         eps = self.play(tasks, self.k, generate, mnt)
+        if self.stepped:
+            return [Part.from_segments("agent", e.task.task_id, e.group, e.prompt, e.segments,
+                                       e.reward, e.finish or "done", e.extras())
+                    for e in eps]
         calls = ([tuple(e.calls) for e in eps] if isinstance(self.env, EpisodeReward)
                  else None)
         rewards = self.rewards([(e.task, e.answer) for e in eps], calls)
@@ -203,10 +222,19 @@ class ToolAgent(Workflow):
         of one warm-started version scored 77.8% on a quiet machine and 0.0% (every
         episode `timeout` at 60 s) beside a busy process."""
         now = time.monotonic()
-        prompts = [self.task_prompt(t) for t in tasks]
         lim = self.limits.episode_timeout_s if wall_clock else None
-        eps = [Episode(t, f"t{i}", prompts[i], now, timeout_s=lim)
-               for i, t in enumerate(tasks) for _ in range(k)]
+        if self.stepped:
+            sessions = self.open_sessions(tasks, k)
+            eps = [Episode(t, f"t{i}", self.session_prompt(sessions[i * k + j]), now,
+                           timeout_s=lim, session=sessions[i * k + j])
+                   for i, t in enumerate(tasks) for j in range(k)]
+            prompts = [eps[i * k].prompt for i in range(len(tasks))]
+            if any(e.prompt != prompts[n // k] for n, e in enumerate(eps)):
+                k = 1  # a group's sessions opened differently: no shared first prefill
+        else:
+            prompts = [self.task_prompt(t) for t in tasks]
+            eps = [Episode(t, f"t{i}", prompts[i], now, timeout_s=lim)
+                   for i, t in enumerate(tasks) for _ in range(k)]
         limit = self.limits.max_context_tokens
         if limit is not None and (longest := max((len(p) for p in prompts), default=0)) >= limit:
             raise ValueError(f"a prompt of {longest} tokens leaves no room under "
@@ -244,6 +272,8 @@ class ToolAgent(Workflow):
             for (e, r), comp, lps, why in zip(todo, gen.completions, gen.logprobs,
                                               gen.finish_reasons, strict=True):
                 self._after_turn(e, list(comp), list(lps), why, r)
+        if self.stepped:
+            self.close_sessions(eps)
         now = time.monotonic()
         for e in eps:
             e.ended = e.ended or now
@@ -261,6 +291,9 @@ class ToolAgent(Workflow):
         e.add(comp, lps)
         e.turns += 1
         e.events.append("turn")
+        if e.session is not None:
+            self.submit_step(e, self.codec.decode(comp))
+            return
         action = parse_action(self.codec.decode(comp))
         if isinstance(action, Answer):
             e.answer, e.finish = action.text, "answer"
@@ -310,6 +343,9 @@ class ToolAgent(Workflow):
             else:
                 continue
             e.pending = None
+            if e.session is not None:
+                self.fold_step(e, res, now)
+                continue
             e.tool_calls += 1
             e.tool_errors += res.error is not None
             e.tool_s += res.seconds
@@ -341,6 +377,8 @@ class ToolAgent(Workflow):
 
     # -- evaluation ----------------------------------------------------------------
     def items(self, role: str, tasks: list[Task], rng: random.Random) -> list[EvalItem]:
+        if self.stepped:
+            return self.stepped_items(tasks)
         return [EvalItem(t.prompt, lambda text, t=t: self.env.reward(t, text) == 1.0,
                          {"task": t}) for t in tasks]
 
@@ -349,7 +387,7 @@ class ToolAgent(Workflow):
         from astraflow.rollout.generation import generate_with_stops
 
         def generate(prompts: list[list[int]], samples: int, max_new: int) -> Generation:
-            return generate_with_stops(engine, prompts, TURN_STOPS, max_new_tokens=max_new,
+            return generate_with_stops(engine, prompts, self.stops, max_new_tokens=max_new,
                                        samples_per_prompt=samples, greedy=True)
 
         right = 0
@@ -359,6 +397,9 @@ class ToolAgent(Workflow):
             eps = self.play([it.data["task"] for it in chunk], 1, generate,
                             self.max_new_tokens(role), wall_clock=False)
             played.extend(eps)
+            if self.stepped:
+                right += sum(self.solved(e.reward) for e in eps)
+                continue
             # Checks grade like rewards do (a sandbox run each for code): concurrently.
             checks = [self._pool.submit(it.check, e.answer)
                       for it, e in zip(chunk, eps, strict=True) if e.answer is not None]
