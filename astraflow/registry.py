@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,7 @@ KINDS: dict[str, Kind] = {
         "search": "astraflow.envs.search:SearchEnv",
         "code": "astraflow.envs.code:CodeEnv",
         "sql": "astraflow.envs.sql:SqlEnv",
+        "reasoning_gym": "astraflow.envs.rgym:ReasoningGymEnv",
         "openenv": "astraflow.envs.openenv:OpenEnvEnv",
         "skyrl_gym": "astraflow.envs.skyrl_gym:SkyrlGymEnv",
         "verifiers": "astraflow.envs.verifiers:VerifiersEnv",
@@ -63,6 +65,24 @@ KINDS: dict[str, Kind] = {
         "cost": "astraflow.policies:CostAware",
     }),
 }
+
+
+#: Built-in names that need an optional extra: (kind, name) → (module, extra).
+EXTRAS: dict[tuple[str, str], tuple[str, str]] = {
+    ("env", "reasoning_gym"): ("reasoning_gym", "reasoning-gym"),
+}
+
+
+def require(module: str, extra: str, what: str) -> Any:
+    """Import `module` of an optional extra; when it is not installed, say which extra
+    installs it (`pip install 'astraflow[extra]'`)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name and (module == err.name or module.startswith(err.name + ".")):
+            raise ModuleNotFoundError(f"{what} needs the {extra!r} extra, which is not "
+                                      f"installed: pip install 'astraflow[{extra}]'") from None
+        raise
 
 
 def _kind(kind: str) -> Kind:
@@ -81,6 +101,11 @@ def check(kind: str, name: str) -> None:
     """Refuse a name that is neither built in nor `module:attr`; imports nothing."""
     k = _kind(kind)
     if name in k.builtins:
+        if (kind, name) in EXTRAS:  # found, not imported: validation stays light
+            module, extra = EXTRAS[kind, name]
+            if importlib.util.find_spec(module) is None:
+                raise ValueError(f"{k.label} {name!r} needs the {extra!r} extra, which is not "
+                                 f"installed: pip install 'astraflow[{extra}]'")
         return
     mod, sep, attr = name.partition(":")
     if sep and mod and attr:

@@ -20,6 +20,7 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from astraflow.envs import humaneval
 from astraflow.envs.base import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
@@ -167,15 +168,24 @@ def format_run(r: RunResult, max_chars: int) -> ToolResult:
     return ToolResult(output=text, error=error, seconds=r.seconds)
 
 
+EVAL_SETS = ("families", "humaneval")
+
+
 class CodeEnv(SplitTasks):
-    """One-line Python functions with hidden tests, graded in the sandbox."""
+    """One-line Python functions with hidden tests, graded in the sandbox. `eval_set`:
+    the held-out tasks of the families (default), or HumanEval's problems (`humaneval`,
+    all-or-nothing: a complete function that passes the problem's `check`)."""
 
     name = "code"
 
     def __init__(self, heldout_fraction: float = 0.1, seed: int = 0, *, tests: int = 5,
                  families: list[str] | None = None, max_turns: int = 3,
                  run_timeout_s: float = 5.0, tool_output_chars: int = 200,
-                 episode_timeout_s: float | None = 60.0):
+                 episode_timeout_s: float | None = 60.0, eval_set: str = "families"):
+        if eval_set not in EVAL_SETS:
+            raise ValueError(f"eval_set must be one of {EVAL_SETS}, got {eval_set!r}")
+        self.eval_set = eval_set
+        self.humaneval = humaneval.problems() if eval_set == "humaneval" else []
         unknown = set(families or ()) - set(_BY_NAME)
         if unknown:
             raise ValueError(f"unknown code families {sorted(unknown)}; known: {sorted(_BY_NAME)}")
@@ -203,14 +213,28 @@ class CodeEnv(SplitTasks):
                     answer=family.solution(*params),
                     data={"inputs": inputs, "expected": expected})
 
+    def eval_tasks(self, n: int) -> list[Task]:
+        if self.eval_set == "humaneval":
+            return humaneval.tasks(self.humaneval, n)
+        return super().eval_tasks(n)
+
+    def is_heldout(self, task: Task) -> bool:
+        return bool(task.data.get("humaneval")) or super().is_heldout(task)
+
     def instructions(self) -> str:
-        return ("Write the Python function f in one line, as f=lambda ...\n"
+        what = ("Write the Python function f in one line, as f=lambda ..."
+                if self.eval_set == "families" else "Write the Python function the task "
+                "names (f: in one line, as f=lambda ...; others: the complete function)")
+        return (f"{what}\n"
                 f"{tool_listing(self.tools)}\n"
                 f"Answer: {ANSWER_OPEN}f=lambda ...{ANSWER_CLOSE}")
 
     def grade(self, task: Task, code: str) -> tuple[float, RunResult]:
         """Fraction of hidden tests passed, and the sandbox run that decided it."""
         nonce = "#" + secrets.token_hex(8) + ":"
+        if task.data.get("humaneval"):
+            r = run_python(humaneval.program(task, code, nonce), self.sandbox)
+            return (1.0 if r.ok and nonce in r.stdout.splitlines() else 0.0), r
         r = run_python(_program(code, list(task.data["inputs"]), nonce), self.sandbox)
         lines = [ln for ln in r.stdout.splitlines() if ln.startswith(nonce)]
         if not r.ok or len(lines) != 1:
