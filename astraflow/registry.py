@@ -70,6 +70,8 @@ KINDS: dict[str, Kind] = {
 #: Built-in names that need an optional extra: (kind, name) → (module, extra).
 EXTRAS: dict[tuple[str, str], tuple[str, str]] = {
     ("env", "reasoning_gym"): ("reasoning_gym", "reasoning-gym"),
+    ("env", "openenv"): ("openenv", "openenv"),
+    ("env", "skyrl_gym"): ("skyrl_gym", "skyrl-gym"),
 }
 
 
