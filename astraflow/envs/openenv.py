@@ -29,9 +29,10 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from astraflow import registry
 from astraflow.envs.base import Limits, Task, Tool
 from astraflow.envs.split import Split, SplitTasks
-from astraflow.envs.stepped import NoDemonstrations, Step, require
+from astraflow.envs.stepped import NoDemonstrations, Step
 
 _OWN_FIELDS = ("done", "reward", "metadata")
 
@@ -156,7 +157,7 @@ class OpenEnvEnv(SplitTasks, NoDemonstrations):
                  step_timeout_s: float = 30.0, server_start_timeout_s: float = 60.0,
                  success_reward: float = 1.0, turn_stops: list[str] | None = None,
                  max_new_tokens: int = 128):
-        require("openenv.core", "openenv", "env 'openenv'")
+        registry.require("openenv.core", "openenv", "env 'openenv'")
         if (app is None) == (base_url is None):
             raise ValueError("openenv env: give exactly one of `app` (`module:app`, an OpenEnv "
                              "server this env starts) or `base_url` (one already running)")

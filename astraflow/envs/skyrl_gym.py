@@ -23,7 +23,7 @@ from typing import Any
 from astraflow import registry
 from astraflow.envs.base import Limits, Task, Tool
 from astraflow.envs.split import Split, SplitTasks
-from astraflow.envs.stepped import NoDemonstrations, Step, message_text, require
+from astraflow.envs.stepped import NoDemonstrations, Step, message_text
 
 
 def load_rows(dataset: str | list[dict]) -> list[dict]:
@@ -85,7 +85,7 @@ class SkyrlGymEnv(SplitTasks, NoDemonstrations):
                  episode_timeout_s: float | None = 120.0, step_timeout_s: float = 60.0,
                  turn_stops: list[str] | None = None, success_reward: float = 1.0,
                  max_new_tokens: int = 256):
-        self.gym = require("skyrl_gym", "skyrl-gym", "env 'skyrl_gym'")
+        self.gym = registry.require("skyrl_gym", "skyrl-gym", "env 'skyrl_gym'")
         self.env_id = env
         self.env_config = dict(env_config or {})
         self.rows = load_rows(dataset)

@@ -14,7 +14,6 @@ other episodes and the worker go on.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -88,17 +87,6 @@ class NoDemonstrations:
     def reward(self, task: Task, answer: str | None) -> float:
         raise ValueError(f"env {self.name!r} is stepped: its reward comes from its sessions "
                          "(play it with the `tool_agent` workflow)")
-
-
-def require(module: str, extra: str, what: str) -> Any:
-    """Import the library an adapter wraps, or name the extra that installs it."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        if err.name and (module == err.name or module.startswith(err.name + ".")):
-            raise ValueError(f"{what} needs the {extra!r} extra, which is not installed: "
-                             f"pip install 'astraflow[{extra}]'") from None
-        raise
 
 
 def message_text(messages: Sequence[Mapping[str, Any]]) -> str:
