@@ -1,4 +1,5 @@
-"""A loopback TCP proxy that delays every HTTP request by a fixed time (a nearby S3 region).
+"""A loopback TCP proxy that delays every HTTP request by a fixed time (a nearby S3 region),
+and with `rate_bps` caps the bytes per second each way over all its connections (a WAN).
 
     proxy = LatencyProxy(target_port=moto.port, delay_s=0.020)   # then point
     os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint               # clients at it
@@ -32,9 +33,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _serve(port: int, target_port: int, delay_s: float, ready, log: str | None = None) -> None:
+def _serve(port: int, target_port: int, delay_s: float, ready, log: str | None = None,
+           rate_bps: float | None = None) -> None:
     out = open(log, "a", buffering=1) if log else None  # noqa: SIM115 (lives with the process)
     lock = threading.Lock()
+    # One link each way, shared by every connection: when it is next free.
+    link = {"lock": threading.Lock(), True: 0.0, False: 0.0, "rate": rate_bps}
     lst = socket.socket()
     lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     lst.bind(("127.0.0.1", port))
@@ -52,7 +56,7 @@ def _serve(port: int, target_port: int, delay_s: float, ready, log: str | None =
             s.settimeout(None)
         # A new connection's first bytes start a request; `req` is the request in
         # flight (start, forwarded, request line) until its answer starts.
-        turn: dict = {"answered": True, "req": None, "out": out, "lock": lock}
+        turn: dict = {"answered": True, "req": None, "out": out, "lock": lock, "link": link}
         threading.Thread(target=_pipe, args=(client, upstream, turn, delay_s, True),
                          daemon=True).start()
         threading.Thread(target=_pipe, args=(upstream, client, turn, delay_s, False),
@@ -78,6 +82,13 @@ def _pipe(src: socket.socket, dst: socket.socket, turn: dict, delay_s: float,
                     with turn["lock"]:
                         turn["out"].write(f"{req[0]:.6f} {time.time() - req[1]:.6f} "
                                           f"{req[2]} {req[3]}\n")
+            link = turn.get("link")
+            if link and link["rate"]:  # the link carries `rate` bits/s, one chunk after another
+                with link["lock"]:
+                    start = max(time.monotonic(), link[upstream])
+                    link[upstream] = start + len(data) * 8 / link["rate"]
+                    done = link[upstream]
+                time.sleep(max(done - time.monotonic(), 0.0))
             dst.sendall(data)
     except OSError:
         pass
@@ -90,12 +101,14 @@ def _pipe(src: socket.socket, dst: socket.socket, turn: dict, delay_s: float,
 
 
 class LatencyProxy:
-    def __init__(self, target_port: int, delay_s: float = 0.020, log: str | None = None):
+    def __init__(self, target_port: int, delay_s: float = 0.020, log: str | None = None,
+                 rate_bps: float | None = None):
         self.port = _free_port()
         self.log = log
         ctx = mp.get_context("spawn")
         ready = ctx.Event()
-        self.proc = ctx.Process(target=_serve, args=(self.port, target_port, delay_s, ready, log),
+        self.proc = ctx.Process(target=_serve, args=(self.port, target_port, delay_s, ready, log,
+                                                          rate_bps),
                                 daemon=True)
         self.proc.start()
         if not ready.wait(30):

@@ -3,6 +3,7 @@
     python benchmarks/weights.py [--repeats 5] [--sizes math,16m]
     python benchmarks/weights.py --lora 8 [--sizes 16m,smollm2]   # full vs adapter
     python benchmarks/weights.py --deltas runs/math/weights/solver  # whole vs delta
+    python benchmarks/weights.py --wan [--mbps 200 --rtt-ms 80]     # whole vs delta over a WAN
 
 What a version costs beyond moving its bytes: the weight store hashes every file
 (sha256) on publish, writes a manifest last, lists versions to find the newest,
@@ -25,6 +26,9 @@ is SmolLM2-135M-Instruct (tests/hf_fixtures.py's cached import).
 
 `--deltas DIR` reports instead, from a run's own versions, how many bytes a version
 costs stored as a delta (benchmarks/weight_deltas.py; docs/weights.md).
+
+`--wan` measures instead, on S3 behind a capped, delayed link, the time until a replica
+and a remote worker hold the newest version, whole vs deltas (benchmarks/weights_wan.py).
 
 `--lora R` measures instead what a version of a LoRA policy costs against a full
 version of the same model, per version and through the same code: the trainer's
@@ -274,7 +278,17 @@ def main() -> None:
     ap.add_argument("--stores", default="local,s3", help="with --lora: local, s3 (moto)")
     ap.add_argument("--deltas", metavar="DIR", help="a run's weights/<policy> folder: bytes of "
                     "each version whole vs as a delta, per step (benchmarks/weight_deltas.py)")
+    ap.add_argument("--wan", action="store_true", help="whole vs delta versions over a capped, "
+                    "delayed link to S3 (benchmarks/weights_wan.py)")
+    ap.add_argument("--versions", type=int, default=5, help="with --wan: versions timed")
+    ap.add_argument("--chain", type=int, default=8, help="with --wan: store.delta_chain")
+    ap.add_argument("--rtt-ms", type=float, default=80.0, help="with --wan: ms added per request")
+    ap.add_argument("--mbps", type=float, default=200.0, help="with --wan: Mbit/s each way")
     args = ap.parse_args()
+    if args.wan:
+        from benchmarks.weights_wan import main as main_wan
+
+        return main_wan(args)
     if args.deltas:
         from benchmarks.weight_deltas import main as main_deltas
 
