@@ -171,3 +171,32 @@ def test_the_launch_estimate_prints_egress_and_the_cheaper_placement():
     deltas["store"]["delta_chain"] = 32
     text = plan(parse_flow(deltas), environ={}).describe(cat)
     assert "egress:    ~$1.08/h at aws/eu-south-2" in text and "cheaper with egress" not in text
+
+
+def test_autoscaler_pools_carry_egress_prices_and_the_run_traffic():
+    """`astraflow scale`'s sky pools are priced for egress to and from the store's region
+    (a pool reading a replica adds no weight bytes per worker); a pool whose infra
+    names no region is refused rather than taken as free."""
+    from astraflow.scale.pools import cloud_pools, run_traffic
+
+    data = yaml.safe_load(open("examples/cloud.yaml"))
+    data["launch"]["store_region"] = "aws/us-east-1"
+    data["launch"]["traffic"] = {"version_gb": 0.27}
+    data["store"]["delta_chain"] = 8
+    data["launch"]["rollout"] = [
+        {"name": "near", "backend": "sky", "accelerators": ["L40S:1"], "infra": ["aws/us-east-1"]},
+        {"name": "far", "backend": "sky", "accelerators": ["L40S:1"], "infra": ["aws/eu-south-2"],
+         "region": "eu-south-2"}]
+    rows = [PriceRow("aws", r, "a", "g6e.xlarge", "L40S", 1, 1.9, sp)
+            for r, sp in (("us-east-1", 0.915), ("eu-south-2", 0.48))]
+    flow = parse_flow(data)
+    pools = {p.name: p for p in cloud_pools(flow, "sky", catalog=Catalog(rows, "t"))}
+    near, far = pools["near-l40s-us-east-1"], pools["far-l40s-eu-south-2"]
+    assert (near.weights_usd_per_gb, near.rows_usd_per_gb, near.replica) == (0.0, 0.0, False)
+    assert (far.weights_usd_per_gb, far.rows_usd_per_gb, far.replica) == (0.02, 0.02, True)
+    t = run_traffic(flow)
+    assert t.version_bytes == 0.27e9 and t.delta_ratio == 0.037 and t.delta_chain == 8
+    assert t.worker_batch_rows == flow.rollout.prompts_per_batch * flow.rollout.samples_per_prompt
+    data["launch"]["rollout"][0]["infra"] = ["aws"]
+    with pytest.raises(ValueError, match="names no region"):
+        cloud_pools(parse_flow(data), "sky", catalog=Catalog(rows, "t"))

@@ -51,6 +51,8 @@ class Autoscaler:
 
     # -- observe -------------------------------------------------------------------
     def _trainer_state(self, policy: str, now: float) -> TrainerState:
+        from astraflow.scale.pools import run_traffic
+
         flow, ledger = self.ctx.flow, self.ctx.ledger()
         batch = flow.batch_rows(policy)
         rows = [r for r in ledger.read_metrics(since=now - self.window_s,
@@ -76,7 +78,7 @@ class Autoscaler:
                             backlog_rows=max(backlog, 0), batch_rows=batch,
                             max_backlog_rows=flow.rollout.max_backlog_batches * batch,
                             demand_rows_per_s=demand, steps_done=prog.step + 1 if prog else 0,
-                            steps_target=flow.stop.max_steps)
+                            steps_target=flow.stop.max_steps, traffic=run_traffic(flow))
 
     def _rows_by_worker(self, now: float, since: float | None = None) -> dict[str, int]:
         """Rows each worker appended in the window (or since `since`): the `worker_rows`
