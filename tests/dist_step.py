@@ -2,7 +2,7 @@
 rank under torchrun (tests/test_distributed.py runs it both ways and compares).
 
     python -m tests.dist_step MODEL_DIR OUT_DIR [--objective ppo|decoupled]
-        [--minibatches M] [--micro-batch-rows R] [--rows N] [--lr LR]
+        [--minibatches M] [--micro-batch-rows R] [--rows N] [--lr LR] [--max-update-kl KL]
 
 Writes OUT_DIR/weights.safetensors (the full updated weights, gathered on rank 0)
 and OUT_DIR/metrics.json.
@@ -33,8 +33,8 @@ def fixed_batch(rows: int, vocab: int, seed: int = 0):
 
 
 def step(model_dir: str, *, objective: str = "ppo", minibatches: int = 1,
-         micro_batch_rows: int | None = None, rows: int = 4, lr: float = 1e-3
-         ) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
+         micro_batch_rows: int | None = None, rows: int = 4, lr: float = 1e-3,
+         max_update_kl: float | None = None) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
     """(full weights after one step on rank 0, else None; metrics) — alone or sharded."""
     from astraflow.models.hf import load_policy
     from astraflow.train.dist import Ranks
@@ -54,7 +54,8 @@ def step(model_dir: str, *, objective: str = "ppo", minibatches: int = 1,
     opt = torch.optim.AdamW(module.parameters(), lr=lr, betas=(0.9, 0.99))
     batch = fixed_batch(rows, model.config.vocab_size)
     settings = StepSettings(loss=LossConfig(objective), minibatches=minibatches,
-                            micro_batch_rows=micro_batch_rows, chunk_tokens=7)
+                            micro_batch_rows=micro_batch_rows, chunk_tokens=7,
+                            max_update_kl=max_update_kl)
     run = ShardedStep(ranks) if ranks.sharded else optimize
     metrics, updates = run(module, opt, batch, 0, settings)
     metrics["updates"] = float(updates)
@@ -75,10 +76,12 @@ def main() -> None:
     ap.add_argument("--micro-batch-rows", type=int, default=None)
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--max-update-kl", type=float, default=None)
     a = ap.parse_args()
     torch.set_num_threads(1)
     weights, metrics = step(a.model_dir, objective=a.objective, minibatches=a.minibatches,
-                            micro_batch_rows=a.micro_batch_rows, rows=a.rows, lr=a.lr)
+                            micro_batch_rows=a.micro_batch_rows, rows=a.rows, lr=a.lr,
+                            max_update_kl=a.max_update_kl)
     if weights is not None:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,11 @@ def compare_step(tmp_path: Path, model_dir: Path, **kw) -> None:
     two = load_file(str(tmp_path / "two" / "weights.safetensors"))
     two_metrics = json.loads((tmp_path / "two" / "metrics.json").read_text())
     assert set(two) == set(weights)
-    for k in ("loss", "grad_norm", "tokens", "entropy", "logp_mismatch", "updates", "clip_frac"):
+    keys = ["loss", "grad_norm", "tokens", "entropy", "logp_mismatch", "updates", "clip_frac"]
+    if kw.get("max_update_kl"):
+        keys += ["update_kl", "update_scale"]
+        assert metrics["update_scale"] < 1.0  # the bound did pull the updates back
+    for k in keys:
         assert two_metrics[k] == pytest.approx(metrics[k], rel=1e-4, abs=1e-6), k
     before = load_file(str(next(model_dir.glob("*.safetensors"))))
     moved = max(float((weights[k] - before[k]).abs().max()) for k in before)
@@ -73,6 +77,13 @@ def test_two_rank_step_equals_one_process_tiny(tmp_path, tiny_policy_dir):
     shares are uneven, one rank runs zero-weighted passes, the proximal pass is sharded."""
     compare_step(tmp_path, tiny_policy_dir, objective="decoupled", minibatches=2,
                  micro_batch_rows=1, rows=7, lr=1e-3)
+
+
+def test_two_rank_trust_region_equals_one_process(tmp_path, tiny_policy_dir):
+    """The update KL bound on 2 ranks: KL measured over both ranks' rows, every shard
+    pulled back by the same factor, as in one process."""
+    compare_step(tmp_path, tiny_policy_dir, objective="decoupled", minibatches=2,
+                 micro_batch_rows=1, rows=7, lr=1e-2, max_update_kl=0.1)
 
 
 @pytest.mark.slow

@@ -76,6 +76,14 @@ class AlgorithmSpec(Spec):
     """`cosine`: updates after warmup over which the learning rate decays."""
     lr_min_ratio: float = Field(0.1, ge=0, le=1)
     """`cosine`: the final learning rate as a fraction of `lr`."""
+    max_update_kl: float | None = Field(None, gt=0)
+    """Trust region of each optimizer update: after the update, the KL from the policy
+    before it to the policy after it, per unmasked token of the update's rows, is
+    measured, and an update above this bound is pulled back along its direction to it
+    (astraflow.train.trust). Unlike PPO's per-token clip it bounds the whole move, so a
+    late update carried by two groups cannot move the model as far as an early one
+    carried by eight. Cost: one no-grad forward pass per update and one copy of the
+    trainable parameters. None: unbounded."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of a KL penalty toward a frozen reference policy: version 0 of this same
     policy (its pretrained or warm-started starting point; version 0 is never pruned).

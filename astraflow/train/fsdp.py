@@ -16,7 +16,8 @@ from astraflow.train.checkpoint import WRAPPER_PREFIX
 from astraflow.train.dist import Ranks
 from astraflow.train.logprobs import TokenLogprobs, completion_logprobs
 from astraflow.train.loss import LossStats, policy_loss
-from astraflow.train.step import StepSettings, set_lr, split, step_metrics
+from astraflow.train.step import StepSettings, move_metrics, set_lr, split, step_metrics
+from astraflow.train.trust import TrustRegion, kl_sums
 
 
 def shard(wrapper: torch.nn.Module, policy: torch.nn.Module, ranks: Ranks,
@@ -138,6 +139,8 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
                 proximal.append(pieces)
     stats = LossStats()
     grad_norms: list[float] = []
+    trust = TrustRegion(opt, s.max_update_kl) if s.max_update_kl else None
+    moves: list[tuple[float, float]] = []
     for k, ((a, b), plan) in enumerate(zip(ranges, plans, strict=True)):
         whole = batch.select(a, b)  # loss weights (data stages) scale the token count too
         n_tokens = float(whole.mask.sum() if whole.weights is None
@@ -146,10 +149,13 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
             continue  # the same on every rank: they all hold the whole batch
         opt.zero_grad(set_to_none=True)
         real = 0
+        befores: list[torch.Tensor] = []  # this rank's pre-update logprobs (trust region)
         for x, y in plan:
             first_pass = k == 0 and proximal is None
             micro, out, dummy = logprobs(a, x, y, first_pass)
             new = out.logprobs
+            if trust is not None and not dummy:
+                befores.append(new.detach())
             if first_pass and not dummy:
                 measure(micro, out)
             prox = new.detach() if proximal is None or dummy else proximal[k][real]
@@ -166,7 +172,11 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
         full = getattr(norm, "full_tensor", None)
         grad_norms.append(float(full() if full is not None else norm))
         set_lr(opt, s, len(grad_norms) - 1)
+        if trust is not None:
+            trust.snapshot()
         opt.step()
+        if trust is not None:
+            moves.append(_bound_update(model, trust, plan, a, logprobs, ranks, befores))
     names = list(LossStats.__dataclass_fields__)
     summed = ranks.all_sum([float(getattr(stats, n)) for n in names] + ent + mis)
     stats = LossStats(**{n: (int(v) if n == "tokens" else v)
@@ -174,4 +184,39 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
     ent_sum, ent_n, mis_sum, mis_n = summed[len(names):]
     metrics = step_metrics(stats, s.loss.objective, grad_norms, (ent_sum, ent_n),
                            (mis_sum, mis_n))
+    metrics.update(move_metrics(moves))
     return metrics, len(grad_norms)
+
+
+def _bound_update(model: torch.nn.Module, trust: TrustRegion, plan: list[tuple[int, int]],
+                  a: int, logprobs, ranks: Ranks,
+                  befores: list[torch.Tensor]) -> tuple[float, float]:
+    """The trust region on FSDP2 ranks: each rank measures KL on its own rows (running
+    its zero-weighted passes too, so every rank issues the same all-gathers), the sums
+    are reduced, and every rank scales its shards by the same factor. The root unit
+    keeps its all-gathered parameters after a forward: they are freed first, or the
+    next forward would compute with the unbounded update."""
+    from torch.distributed.fsdp import FSDPModule
+
+    def measure() -> float:
+        total, n = 0.0, 0.0
+        with torch.no_grad():
+            for (x, y), before in zip(plan, _with_dummies(plan, befores), strict=True):
+                micro, out, dummy = logprobs(a, x, y, False)
+                if not dummy:
+                    t, m = kl_sums(before, out.logprobs, micro.mask)
+                    total, n = total + t, n + m
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
+        total, n = ranks.all_sum([total, n])
+        return total / max(n, 1.0)
+
+    return trust.bound(measure)
+
+
+def _with_dummies(plan: list[tuple[int, int]], befores: list[torch.Tensor]
+                  ) -> list[torch.Tensor | None]:
+    """`befores` (one per real micro-batch) aligned with `plan` (None for a dummy)."""
+    it = iter(befores)
+    return [None if x == y else next(it) for x, y in plan]

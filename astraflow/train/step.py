@@ -20,6 +20,7 @@ import torch
 from astraflow.train.batch import Batch
 from astraflow.train.logprobs import completion_logprobs, device_of
 from astraflow.train.loss import LossConfig, LossStats, Objective, policy_loss
+from astraflow.train.trust import TrustRegion, kl_sums
 
 if TYPE_CHECKING:
     from astraflow.config.algorithm import AlgorithmSpec
@@ -47,6 +48,8 @@ class StepSettings:
     """`loss.kl_coef` > 0: the frozen reference policy (eval mode, no grad, on the
     policy's device); its logprobs are computed per micro-batch without grad, at the
     same temperature and chunking as the policy's."""
+    max_update_kl: float | None = None
+    """The trust region of each update (astraflow.train.trust); None: unbounded."""
 
 
 class Step(Protocol):
@@ -111,8 +114,11 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
             mismatch_n = int(sel.sum())
     stats = LossStats()
     grad_norms: list[float] = []
+    trust = TrustRegion(opt, s.max_update_kl) if s.max_update_kl else None
+    moves: list[tuple[float, float]] = []  # (KL before bounding, scale) per update
     for k, (a, b) in enumerate(ranges):
         mb = batch.select(a, b)
+        befores: list[tuple[Batch, torch.Tensor]] = []
         # The minibatch's (weighted) unmasked token count: the mean's denominator.
         n_tokens = float(mb.mask.sum() if mb.weights is None else (mb.mask * mb.weights).sum())
         if n_tokens == 0:
@@ -126,6 +132,8 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
                                           temperature=s.temperature, chunk_tokens=s.chunk_tokens,
                                           entropy=first_pass)
             new = out.logprobs
+            if trust is not None:
+                befores.append((micro, new.detach()))
             if first_pass:
                 assert out.entropy is not None
                 entropy_sum += float((out.entropy * micro.mask).sum())
@@ -153,10 +161,35 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
             stats = stats.merge(st)
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)))
         set_lr(opt, s, len(grad_norms) - 1)
+        if trust is not None:
+            trust.snapshot()
         opt.step()
+        if trust is not None:
+            def measure(befores=befores) -> float:
+                total, n = 0.0, 0.0
+                with torch.no_grad(), fwd():
+                    for micro, before in befores:
+                        after = completion_logprobs(model, micro.prompts, micro.completions,
+                                                    pad_id, temperature=s.temperature,
+                                                    chunk_tokens=s.chunk_tokens).logprobs
+                        t, m = kl_sums(before, after, micro.mask)
+                        total, n = total + t, n + m
+                return total / max(n, 1.0)
+
+            moves.append(trust.bound(measure))
     metrics = step_metrics(stats, s.loss.objective, grad_norms, (entropy_sum, entropy_n),
                            (mismatch_sum, mismatch_n), kl_ref=kl)
+    metrics.update(move_metrics(moves))
     return metrics, len(grad_norms)
+
+
+def move_metrics(moves: list[tuple[float, float]]) -> dict[str, float]:
+    """`update_kl`: the mean KL(before ‖ after) an update measured before the trust region
+    bounded it; `update_scale`: the mean scale the bound kept (1.0: none bounded)."""
+    if not moves:
+        return {}
+    return {"update_kl": sum(m[0] for m in moves) / len(moves),
+            "update_scale": sum(m[1] for m in moves) / len(moves)}
 
 
 def step_metrics(stats: LossStats, objective: Objective, grad_norms: list[float],
@@ -223,4 +256,4 @@ def step_settings(algo: AlgorithmSpec, *, temperature: float, first_update: int,
         temperature=temperature, minibatches=algo.minibatches,
         micro_batch_rows=algo.micro_batch_rows, chunk_tokens=algo.logprob_chunk_tokens,
         grad_clip=algo.grad_clip, lr=lr_schedule(algo), first_update=first_update,
-        autocast=autocast, ref_model=ref_model)
+        autocast=autocast, ref_model=ref_model, max_update_kl=algo.max_update_kl)
