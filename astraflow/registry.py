@@ -48,12 +48,14 @@ KINDS: dict[str, Kind] = {
         "single": "astraflow.workflows.single:SingleTurn",
         "solver_verifier": "astraflow.workflows.solver_verifier:SolverVerifier",
         "tool_agent": "astraflow.workflows.tool_agent:ToolAgent",
+        "arena": "astraflow.workflows.arena:Arena",
     }, base="astraflow.workflows.base:Workflow"),
     "env": Kind("env", "run", {
         "math": "astraflow.envs.math:MathEnv",
         "search": "astraflow.envs.search:SearchEnv",
         "code": "astraflow.envs.code:CodeEnv",
         "sql": "astraflow.envs.sql:SqlEnv",
+        "textarena": "astraflow.envs.games:TextArenaEnv",
         "reasoning_gym": "astraflow.envs.rgym:ReasoningGymEnv",
         "openenv": "astraflow.envs.openenv:OpenEnvEnv",
         "skyrl_gym": "astraflow.envs.skyrl_gym:SkyrlGymEnv",
@@ -70,6 +72,7 @@ KINDS: dict[str, Kind] = {
 #: Built-in names that need an optional extra: (kind, name) → (module, extra).
 EXTRAS: dict[tuple[str, str], tuple[str, str]] = {
     ("env", "reasoning_gym"): ("reasoning_gym", "reasoning-gym"),
+    ("env", "textarena"): ("textarena", "textarena"),
     ("env", "openenv"): ("openenv", "openenv"),
     ("env", "skyrl_gym"): ("skyrl_gym", "skyrl-gym"),
 }
