@@ -239,6 +239,7 @@ def test_bad_params_say_what_to_fix():
         env.random_move(env.new_game(0), random.Random(0))
 
 
+@pytest.mark.slow
 def test_a_short_run_through_the_cli(tmp_path):
     flow = {"name": "ta", "seed": 0,
             "policies": [{"name": "alice", "model": TINY, "warm_start": {

@@ -17,7 +17,8 @@ class WorkflowSpec(Spec):
     name: str = "single"
     """`single` (one policy answers each task), `solver_verifier` (a solver answers,
     verifiers judge the answer), `tool_agent` (multi-turn episodes with the env's
-    tools), or `module:attr` for your own Workflow class. Default: `single` for the
+    tools), `arena` (a textarena game, each player seat a role), or `module:attr`
+    for your own Workflow class. Default: `single` for the
     `math` env, `tool_agent` for every other env."""
     roles: dict[str, str] = {}
     """Role → policy name. A role left out is played by the policy of the same name;
