@@ -255,6 +255,7 @@ def load_example():
     return mod
 
 
+@pytest.mark.slow  # a worker process to start (torch, transformers): ~35 s on 2 busy cores
 def test_the_example_agent_trains_through_the_worker_process(tmp_path, bpe_model_dir):
     """`astraflow rollout` of an endpoint flow, stopped by pid: the example agent's episodes
     (the real client, its tool loop) become rows whose sampled ids decode to exactly the

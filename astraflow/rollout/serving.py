@@ -2,7 +2,7 @@
 
     agent (any OpenAI client) ──HTTP──► endpoint.py ──jobs──► one generation thread
         (batches concurrent calls per policy, the engine at its loaded version)
-    background loop (every 0.1 s): reload weights / backpressure (RolloutWorker.room),
+    background loop (every 0.25 s): reload weights / backpressure (RolloutWorker.room),
         drop episodes past the reward timeout, write complete groups ──► traj_<policy>
 
 It reuses the rollout worker's weights and backpressure: a call waits while its
@@ -178,7 +178,7 @@ class Served:
         return total
 
     def _maintain_loop(self) -> None:
-        while not self._stop.wait(0.1):
+        while not self._stop.wait(0.25):
             try:
                 with self.engine_lock:  # a reload swaps weights: never mid-generation
                     self.open = {p for p in self.policies if self.worker.room(p)}
@@ -201,7 +201,8 @@ class Served:
             time.sleep(0.2)
         self.open = set(self.policies)
         config = uvicorn.Config(make_app(self), host=self.spec.host, port=self.spec.port,
-                                log_level="warning", lifespan="off", ws="none")
+                                log_level="warning", lifespan="off", ws="none",
+                                timeout_graceful_shutdown=10)
         self.server = uvicorn.Server(config)
         for target in (self.server.run, self._generate_loop, self._maintain_loop):
             t = threading.Thread(target=target, daemon=True, name=f"endpoint-{target.__name__}")
@@ -223,8 +224,9 @@ class Served:
 
     def stop(self) -> None:
         """Stop the server and loops, then write every rewarded group."""
-        if self.server is not None:
+        if self.server is not None:  # calls in flight finish first (at most 10 s)
             self.server.should_exit = True
+            self._threads[0].join(timeout=30)
         self._stop.set()
         for t in self._threads:
             t.join(timeout=30)
