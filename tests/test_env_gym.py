@@ -33,6 +33,8 @@ class CountdownEnv(BaseTextEnv):
     def __init__(self, env_config=None, extras=None):
         super().__init__()
         self.next = int(extras["reward_spec"]["ground_truth"])
+        if self.next == 40:
+            raise ValueError("no such countdown")
         self.said: list[str] = []
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
@@ -90,6 +92,9 @@ def test_a_user_base_text_env_by_module_attr_plays_its_protocol_exactly():
     assert "next? (2 left)" in text and "next? (1 left)" in text
     assert [lp is None for _, lp in by["3"].segments] == [False, True, False, True, False]
     assert wf.solved(by["2"].reward) and not wf.solved(0.5)
+    # a session that cannot open has no prompt: the batch fails, naming why
+    with pytest.raises(RuntimeError, match="could not open a session: no such countdown"):
+        wf.play([env.task("2"), env.task("40")], 1, scripted(model), 8)
 
 
 def test_unknown_env_ids_are_refused_with_the_registered_ones():

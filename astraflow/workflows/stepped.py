@@ -10,7 +10,7 @@ episode is the sum of its steps' rewards plus what `close` adds.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +53,18 @@ class SteppedPlay:
         """`k` fresh sessions of each task, opened concurrently, task-major. An env that
         cannot open one raises: without its opening conversation there is no prompt."""
         futures = [self._pool.submit(self.env.open, t) for t in tasks for _ in range(k)]
-        return [f.result(timeout=self.env.step_timeout_s) for f in futures]
+        wait(futures, timeout=self.env.step_timeout_s)
+        failed = [f for f in futures if not f.done() or f.exception() is not None]
+        if failed:  # close what did open, then say why the rest did not
+            for f in futures:
+                if f.done() and f.exception() is None:
+                    self._pool.submit(_close, f.result(), "env_error")
+            if not failed[0].done():
+                raise TimeoutError(f"env {self.env.name!r}: a session did not open within "
+                                   f"{self.env.step_timeout_s}s")
+            raise RuntimeError(f"env {self.env.name!r} could not open a session: "
+                               f"{failed[0].exception()}") from failed[0].exception()
+        return [f.result() for f in futures]
 
     def session_prompt(self, session: Session) -> list[int]:
         """The opening conversation as prompt ids: through the chat template for chat
@@ -123,5 +134,9 @@ class SteppedPlay:
         return reward >= self.env.success_reward
 
     def stepped_items(self, tasks: list[Task]) -> list[EvalItem]:
-        """Held-out checks: `score` plays each task's session; solved = reward reached."""
-        return [EvalItem(t.prompt, lambda text: False, {"task": t}) for t in tasks]
+        """Held-out checks: `score` plays each task's session; solved = reward reached.
+        An item's text check cannot judge a session, so it refuses to."""
+        def check(text: str) -> bool:
+            raise ValueError(f"env {self.env.name!r} is stepped: its held-out items are "
+                             "scored by playing their sessions (ToolAgent.score)")
+        return [EvalItem(t.prompt, check, {"task": t}) for t in tasks]
