@@ -296,3 +296,28 @@ def test_the_example_agent_trains_through_the_worker_process(tmp_path, bpe_model
             f'<tool_call>{{"name": "{c.function.name}", "arguments": {c.function.arguments}}}'
             f'</tool_call>' for c in m.tool_calls or []) for m in seen]
         assert [codec.decode(t) for t in sampled(row)] == received
+
+
+def test_tool_calls_are_read_from_the_hermes_form_and_matched_back():
+    """What a model turn's text becomes (content, tool_calls), and that the reply an agent
+    sends back (ids and key order changed, content None) is recognised for stitching."""
+    from astraflow.rollout.chat import call_text, parse_calls, same_reply
+
+    tools = [{"type": "function", "function": {"name": "calculator"}}]
+    text = 'Let me see. <tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}' \
+           '</tool_call>'
+    content, calls = parse_calls(text, tools)
+    assert content == "Let me see. " and len(calls) == 1
+    assert calls[0]["function"] == {"name": "calculator", "arguments": '{"expression": "6*7"}'}
+    assert call_text(calls) == text[len(content):]  # renders back as the model wrote it
+    for bad in ('<tool_call>{"name": "rm", "arguments": {}}</tool_call>',  # not offered
+                "<tool_call>{not json}</tool_call>", "no call at all"):
+        assert parse_calls(bad, tools) == (bad, [])
+    assert parse_calls(text, []) == (text, [])  # no tools offered: plain content
+    reply = {"role": "assistant", "content": None, "tool_calls": calls}
+    sent = {"role": "assistant", "content": "", "refusal": None, "tool_calls": [
+        {"id": "other", "type": "function", "function": {
+            "arguments": '{ "expression":"6*7" }', "name": "calculator"}}]}
+    assert same_reply(sent, reply)
+    sent["tool_calls"][0]["function"]["arguments"] = '{"expression": "6*8"}'
+    assert not same_reply(sent, reply)
