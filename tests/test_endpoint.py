@@ -223,7 +223,12 @@ def test_malformed_requests_get_openai_errors(served):
     ep = r.model_extra["astraflow"]["episode"]
     assert post(f"{url}/episodes/{ep}/reward", {"reward": 1})[0] == 200
     status, body = post(f"{url}/episodes/{ep}/reward", {"reward": 1})
-    assert status == 404  # written (alone: no group), so no longer open
+    assert status == 409 and body["error"]["code"] == "episode_ended"
+    with pytest.raises(openai.ConflictError):  # an ended episode takes no more calls
+        client.chat.completions.create(model="agent", messages=msgs, max_tokens=3,
+                                       extra_headers={"X-Episode-Id": ep})
+    status, body = post(f"{url}/v1/completions", {"model": "agent", "prompt": [10**9]})
+    assert status == 400 and body["error"]["param"] == "prompt"
 
 
 def test_other_addresses_need_a_bearer_token(tmp_path, bpe_model_dir, monkeypatch):

@@ -124,6 +124,15 @@ def no_bos(codec: Codec, text: str) -> list[int]:
     return ids[1:] if ids and ids[0] == bos else ids
 
 
+def vocab_size(codec: Codec) -> int:
+    """Token ids a prompt may use: the tokenizer's (HF) or the alphabet's (tiny model)."""
+    tok = getattr(codec, "tokenizer", None)
+    vocab = tok if tok is not None else getattr(codec, "vocab", None)
+    if vocab is None:
+        raise TypeError(f"{type(codec).__name__} has neither a tokenizer nor a vocab")
+    return len(vocab)
+
+
 def render(codec: Codec, messages: list[dict[str, str]]) -> list[int]:
     """The prompt ids of a whole conversation, the assistant's turn opened."""
     if not codec.is_chat:

@@ -35,6 +35,7 @@ from astraflow.rollout.chat import (
     parse_calls,
     render,
     same_reply,
+    vocab_size,
     with_tools,
 )
 from astraflow.rollout.episodes import Ended, Plan, Unknown
@@ -74,6 +75,10 @@ def make_app(served: Served) -> FastAPI:
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, err: ApiError) -> JSONResponse:
         return err.response()
+
+    @app.exception_handler(Exception)
+    async def server_error(_request: Request, err: Exception) -> JSONResponse:
+        return ApiError(500, f"{type(err).__name__}: {err}", "server_error").response()
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, err: HTTPException) -> JSONResponse:
@@ -115,8 +120,10 @@ def make_app(served: Served) -> FastAPI:
         try:
             rows = served.book.reward(episode, float(r), group, task)
         except Unknown:
-            raise ApiError(404, f"no open episode {episode!r}: it made no recorded call, was "
-                           f"dropped after rollout.endpoint.reward_timeout_s, or is written",
+            dropped = served.book.ended.get(episode) == "dropped"
+            why = ("it was dropped: no reward within rollout.endpoint.reward_timeout_s"
+                   if dropped else "it made no recorded call")
+            raise ApiError(404, f"no open episode {episode!r}: {why}",
                            code="episode_not_found") from None
         except Ended as err:
             raise ApiError(409, str(err), code="episode_ended") from None
@@ -200,10 +207,12 @@ def _plan_text(served: Served, episode: str, policy: str, prompt: Any, record: b
     if isinstance(prompt, str):
         text, ids = prompt, None
     elif (isinstance(prompt, list) and prompt
-          and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in prompt)):
+          and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size(codec)
+                  for i in prompt)):
         text, ids = None, [int(i) for i in prompt]
     else:
-        raise ApiError(400, "prompt must be one string or one list of token ids", param="prompt")
+        raise ApiError(400, f"prompt must be one string or one list of token ids (each below "
+                       f"the vocabulary's {vocab_size(codec)})", param="prompt")
     row = served.book.open_row(episode, policy) if record else None
     if row is not None and row.api == "completions":
         base = row.context()

@@ -19,6 +19,7 @@ import json
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -56,7 +57,6 @@ class Episode:
     rows: list[Row] = field(default_factory=list)
     open: dict[str, Row] = field(default_factory=dict)
     """Per policy, the row the next call may extend."""
-    rewarded: bool = False
 
 
 @dataclass
@@ -71,11 +71,16 @@ class Plan:
 
 
 class Unknown(KeyError):
-    """No such episode (never called, already written, or dropped)."""
+    """No such open episode: it never made a recorded call, or it was dropped."""
 
 
 class Ended(ValueError):
-    """The episode already has its reward: it takes no more calls or rewards."""
+    """The episode already has its reward (or was dropped): it takes no more calls."""
+
+
+#: Ended episodes remembered, so a late call or a second reward is refused, not
+#: taken as a new episode of the same id.
+REMEMBERED = 100_000
 
 
 class Book:
@@ -88,13 +93,24 @@ class Book:
         self.groups: dict[str, tuple[float, list[tuple[Row, float, str, str]]]] = {}
         self.dropped = 0
         self.dropped_rows = 0
+        self.ended: OrderedDict[str, str] = OrderedDict()
+        """Episode id → `rewarded` or `dropped`, the newest REMEMBERED of them."""
         self._lock = threading.Lock()
+
+    def _check_open(self, episode: str) -> None:
+        how = self.ended.get(episode)
+        if how is not None:
+            raise Ended(f"episode {episode!r} has ended ({how}): start a new episode")
+
+    def _end(self, episode: str, how: str) -> None:
+        self.ended[episode] = how
+        if len(self.ended) > REMEMBERED:
+            self.ended.popitem(last=False)
 
     def open_row(self, episode: str, policy: str) -> Row | None:
         with self._lock:
+            self._check_open(episode)
             ep = self.episodes.get(episode)
-            if ep is not None and ep.rewarded:
-                raise Ended(f"episode {episode!r} already has its reward: start a new episode")
             return None if ep is None else ep.open.get(policy)
 
     def record(self, episode: str, plan: Plan, completion: list[int], logprobs: list[float],
@@ -103,9 +119,8 @@ class Book:
         the plan was made (a concurrent call of the same episode may have), else a new
         row whose prompt is everything the model read."""
         with self._lock:
+            self._check_open(episode)
             ep = self.episodes.setdefault(episode, Episode(episode, time.monotonic()))
-            if ep.rewarded:
-                raise Ended(f"episode {episode!r} already has its reward: start a new episode")
             row = plan.row
             if row is not None and ep.open.get(policy) is row and \
                     row.context_len() == plan.base_len:
@@ -125,13 +140,12 @@ class Book:
         """Close an episode with its reward; its rows join `group` (default: alone).
         Returns its rows."""
         with self._lock:
-            ep = self.episodes.get(episode)
+            if self.ended.get(episode) == "rewarded":
+                raise Ended(f"episode {episode!r} already has its reward")
+            ep = self.episodes.pop(episode, None)
             if ep is None:
                 raise Unknown(episode)
-            if ep.rewarded:
-                raise Ended(f"episode {episode!r} already has its reward")
-            ep.rewarded = True
-            del self.episodes[episode]
+            self._end(episode, "rewarded")
             key = group or f"episode-{episode}"
             started, members = self.groups.setdefault(key, (time.monotonic(), []))
             members.extend((r, reward, task or key, episode) for r in ep.rows)
@@ -158,6 +172,7 @@ class Book:
             late = [e for e in self.episodes.values() if now - e.touched > self.timeout_s]
             for e in late:
                 del self.episodes[e.id]
+                self._end(e.id, "dropped")
                 self.dropped_rows += len(e.rows)
             self.dropped += len(late)
             return len(late)
