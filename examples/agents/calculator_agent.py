@@ -95,11 +95,11 @@ def score(text: str, answer: int) -> float:
 
 
 def episode(url: str, model: str, task: dict[str, Any], *, group: str | None = None,
-            token: str | None = None) -> float:
+            token: str | None = None, max_tokens: int = 48) -> float:
     """Play one recorded episode and report its reward."""
     base, ep = episode_url(url)
     client = OpenAI(base_url=base, api_key=token or "none", max_retries=0, timeout=600)
-    reward = score(play(client, model, task["question"]), task["answer"])
+    reward = score(play(client, model, task["question"], max_tokens=max_tokens), task["answer"])
     report_reward(url, ep, reward, group=group, task=task["id"], token=token)
     return reward
 
@@ -119,25 +119,29 @@ def evaluate(url: str, model: str, items: list[dict[str, Any]], *, token: str | 
 
 def train(url: str, model: str, *, minutes: float, group_size: int, groups_at_once: int,
           heldout: list[dict[str, Any]], eval_every_s: float, token: str | None = None,
-          seed: int = 0) -> list[dict[str, Any]]:
+          seed: int = 0, max_tokens: int = 48) -> list[dict[str, Any]]:
     """Play groups of episodes until `minutes` pass, evaluating now and then; the curve."""
     rng, pool = random.Random(seed), tasks(heldout=False)
-    curve = [{"t": 0.0, "heldout": evaluate(url, model, heldout, token=token)}]
+    def heldout_now() -> float:
+        return evaluate(url, model, heldout, token=token, max_tokens=max_tokens)
+
+    curve = [{"t": 0.0, "heldout": heldout_now()}]
     print(json.dumps(curve[-1]), flush=True)
     t0 = last = time.time()
     rewards: list[float] = []
     with ThreadPoolExecutor(group_size * groups_at_once) as ex:
         while time.time() - t0 < minutes * 60:
-            batch = [rng.choice(pool) for _ in range(groups_at_once)]
-            futs = [ex.submit(episode, url, model, t, group=f"{t['id']}-{rng.getrandbits(32):x}",
-                              token=token) for t in batch for _ in range(group_size)]
+            # One group per task draw: its `group_size` episodes are compared with each other.
+            batch = [(rng.choice(pool), f"g{rng.getrandbits(48):x}") for _ in range(groups_at_once)]
+            futs = [ex.submit(episode, url, model, t, group=g, token=token, max_tokens=max_tokens)
+                    for t, g in batch for _ in range(group_size)]
             rewards.extend(f.result() for f in futs)
             if time.time() - last >= eval_every_s:
                 curve.append({"t": time.time() - t0, "train_reward": sum(rewards) / len(rewards),
-                              "heldout": evaluate(url, model, heldout, token=token)})
+                              "heldout": heldout_now()})
                 print(json.dumps(curve[-1]), flush=True)
                 rewards, last = [], time.time()
-    curve.append({"t": time.time() - t0, "heldout": evaluate(url, model, heldout, token=token)})
+    curve.append({"t": time.time() - t0, "heldout": heldout_now()})
     print(json.dumps(curve[-1]), flush=True)
     return curve
 
@@ -151,6 +155,7 @@ def main() -> None:
     ap.add_argument("--groups-at-once", type=int, default=4)
     ap.add_argument("--heldout", type=int, default=72, help="held-out tasks evaluated")
     ap.add_argument("--eval-every-s", type=float, default=180.0)
+    ap.add_argument("--max-tokens", type=int, default=48, help="longest model turn")
     ap.add_argument("--token", default=None, help="the endpoint's bearer token, if it has one")
     args = ap.parse_args()
     where = args.run / "endpoint.json"
@@ -159,7 +164,7 @@ def main() -> None:
     url = json.loads(where.read_text())["url"]
     curve = train(url, args.model, minutes=args.minutes, group_size=args.group_size,
                   groups_at_once=args.groups_at_once, heldout=tasks(True)[: args.heldout],
-                  eval_every_s=args.eval_every_s, token=args.token)
+                  eval_every_s=args.eval_every_s, token=args.token, max_tokens=args.max_tokens)
     (args.run / "agent_curve.json").write_text(json.dumps(curve, indent=1))
     print(f"held-out success {curve[0]['heldout']:.1%} -> {curve[-1]['heldout']:.1%}")
 
