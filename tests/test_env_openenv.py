@@ -22,7 +22,10 @@ FLOW = {
         "hidden_size": 64, "layers": 2, "heads": 2, "intermediate_size": 128,
         "alphabet": "ascii", "max_positions": 512}}],
     "env": {"name": "openenv", "params": {"app": "examples.openenv_guess:app",
-                                          "observation_field": "text", "max_turns": 4},
+                                          "observation_field": "text", "max_turns": 4,
+                                          # generous: the test shares a loaded machine
+                                          "step_timeout_s": 120, "episode_timeout_s": 600,
+                                          "server_start_timeout_s": 300},
             "eval_size": 10},
     "workflow": {"name": "tool_agent"},
     "rollout": {"prompts_per_batch": 2, "samples_per_prompt": 2, "max_new_tokens": 8},

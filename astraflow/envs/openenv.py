@@ -172,6 +172,8 @@ class OpenEnvEnv(SplitTasks, NoDemonstrations):
         self.turn_stops = tuple(turn_stops or ())
         self.step_timeout_s, self.success_reward = step_timeout_s, success_reward
         self.server_start_timeout_s = server_start_timeout_s
+        self.open_timeout_s = server_start_timeout_s + step_timeout_s
+        """Opening may start (or restart) the server first."""
         self._max_new_tokens = max_new_tokens
         self.server: LocalServer | None = None
         self.restarts = 0

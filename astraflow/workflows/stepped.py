@@ -50,10 +50,13 @@ class SteppedPlay:
     _pool: ThreadPoolExecutor
 
     def open_sessions(self, tasks: list[Task], k: int) -> list[Session]:
-        """`k` fresh sessions of each task, opened concurrently, task-major. An env that
-        cannot open one raises: without its opening conversation there is no prompt."""
+        """`k` fresh sessions of each task, opened concurrently, task-major, within the
+        env's `open_timeout_s` (if it has one: starting a server takes longer than a
+        step) or `step_timeout_s`. An env that cannot open one raises: without its
+        opening conversation there is no prompt."""
         futures = [self._pool.submit(self.env.open, t) for t in tasks for _ in range(k)]
-        wait(futures, timeout=self.env.step_timeout_s)
+        limit = float(getattr(self.env, "open_timeout_s", self.env.step_timeout_s))
+        wait(futures, timeout=limit)
         failed = [f for f in futures if not f.done() or f.exception() is not None]
         if failed:  # close what did open, then say why the rest did not
             for f in futures:
@@ -61,7 +64,7 @@ class SteppedPlay:
                     self._pool.submit(_close, f.result(), "env_error")
             if not failed[0].done():
                 raise TimeoutError(f"env {self.env.name!r}: a session did not open within "
-                                   f"{self.env.step_timeout_s}s")
+                                   f"{limit}s")
             raise RuntimeError(f"env {self.env.name!r} could not open a session: "
                                f"{failed[0].exception()}") from failed[0].exception()
         return [f.result() for f in futures]

@@ -225,6 +225,7 @@ class ToolAgent(SteppedPlay, Workflow):
         lim = self.limits.episode_timeout_s if wall_clock else None
         if self.stepped:
             sessions = self.open_sessions(tasks, k)
+            now = time.monotonic()  # an episode's clock starts once its session is open
             eps = [Episode(t, f"t{i}", self.session_prompt(sessions[i * k + j]), now,
                            timeout_s=lim, session=sessions[i * k + j])
                    for i, t in enumerate(tasks) for j in range(k)]
