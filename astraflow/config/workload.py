@@ -36,9 +36,11 @@ class WorkflowSpec(Spec):
 class EnvSpec(Spec):
     name: str = "math"
     """The workload: a built-in environment (`math`: synthetic arithmetic, `search`: a
-    local corpus behind a full-text `search` tool, `code`, `sql`; see astraflow.envs)
-    or `module:attr` naming your own Env class. Loaded when a component builds it, so
-    a missing module fails there, naming it."""
+    local corpus behind a full-text `search` tool, `code`, `sql`; see astraflow.envs),
+    one from the field's libraries (`reasoning_gym`, `openenv`, `skyrl_gym`,
+    `verifiers`, `textarena`: docs/environments.md, each behind its extra) or
+    `module:attr` naming your own Env class. Loaded when a component builds it, so a
+    missing module fails there, naming it."""
     params: dict[str, Any] = {}
     """Passed to the environment's constructor (e.g. `search`: `entities: 300`).
     The math fields below are `math`'s own and ignored by every other env."""
