@@ -326,3 +326,14 @@ def test_tool_calls_are_read_from_the_hermes_form_and_matched_back():
     assert same_reply(sent, reply)
     sent["tool_calls"][0]["function"]["arguments"] = '{"expression": "6*8"}'
     assert not same_reply(sent, reply)
+
+
+def test_an_endpoint_flow_is_one_async_worker():
+    from astraflow.config.loader import FlowError, parse_flow
+
+    flow = endpoint_flow()
+    parse_flow(flow)
+    with pytest.raises(FlowError, match="rollout.workers: 1"):
+        parse_flow({**flow, "rollout": {**flow["rollout"], "workers": 2}})
+    with pytest.raises(FlowError, match="mode: async"):
+        parse_flow({**flow, "mode": "sync"})

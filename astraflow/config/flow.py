@@ -95,6 +95,13 @@ class FlowSpec(Spec):
         return v
 
     @model_validator(mode="after")
+    def _endpoint_is_async(self) -> FlowSpec:
+        if self.rollout.endpoint is not None and self.mode == "sync":
+            raise ValueError("rollout.endpoint serves an agent's episodes as they come; sync "
+                             "mode plays the workflow's batches in lockstep: use mode: async")
+        return self
+
+    @model_validator(mode="after")
     def _one_gpu_shared(self) -> FlowSpec:
         vllm, trainer = self.rollout.gpu_memory_utilization, self.trainer.gpu_memory_fraction
         if vllm is not None and self.rollout.engine != "vllm":
