@@ -218,6 +218,35 @@ def test_fixed_opponent_mode_plays_random_legal_moves(ascii_policy_dir):
     assert wf.metric_name("alice") == "win rate vs random"
 
 
+class LowestFreeCellEngine:
+    """An engine (the protocol `score` plays through) that claims the lowest free cell."""
+
+    def __init__(self, codec):
+        self.codec, self.play = codec, lowest_free_cell(codec)
+
+    def generate(self, prompts, *, max_new_tokens, greedy=False, **_):
+        return self.play("", prompts)
+
+
+def test_held_out_score_is_the_win_rate_against_the_random_opponent():
+    codec = CharCodec.default("ascii")
+    env = TextArenaEnv("TicTacToe-v0", max_new_tokens=4)
+    wf = Arena(env, codec, samples_per_prompt=1, players=["alice", "bob"])
+    items = wf.eval_items("alice", 20)
+    engine = LowestFreeCellEngine(codec)
+    score = wf.score("alice", engine, items)
+    # The same play scores the same for every role: the opponent's dice are the game's.
+    assert score == wf.score("bob", engine, wf.eval_items("bob", 20)) == wf.score(
+        "alice", engine, items)
+    wins = 0
+    for n, it in enumerate(items):
+        m = wf._match(it.data["task"], n, ["alice"], 0)
+        wf.play([m], lowest_free_cell(codec))
+        seat = next(s for s, st in m.seats.items() if st.role == "alice")
+        wins += wf.outcomes(m)[seat][0] == "win"
+    assert score == wins / 20 and 0 < score < 1
+
+
 def test_a_missing_extra_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "textarena", None)
     with pytest.raises(ValueError, match=r"pip install 'astraflow\[textarena\]'"):

@@ -135,7 +135,10 @@ class Arena(Workflow):
         seats = {s: Seat(None) for s in range(n)}
         for k, role in enumerate(lineup):
             seats[(seat + k) % n] = Seat(role)
-        rng = random.Random(f"{seed}:{sample}:{','.join(lineup)}")
+        # The opponent's dice depend on the game, not on who plays it: every role meets
+        # the same opponent moves in the same held-out game.
+        who = "".join("o" if s.role is None else "p" for s in seats.values())
+        rng = random.Random(f"{seed}:{sample}:{who}")
         return Match(task, index, self.game_env.new_game(seed), seats, rng, sample)
 
     def play(self, matches: list[Match], generate: Generate) -> None:
