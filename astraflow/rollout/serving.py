@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from astraflow.context import RunContext
+from astraflow.models.codec import Codec
 from astraflow.rollout.episodes import Book, row_dict
 from astraflow.rollout.generation import LENGTH, generate_with_stops
 from astraflow.rollout.worker import RolloutWorker
@@ -88,7 +89,8 @@ class Served:
         self.url = ""
 
     @property
-    def codec(self):
+    def codec(self) -> Codec:
+        """The primary policy's codec (every policy of a flow shares the tokenizer)."""
         return self.worker.codec
 
     def version(self, policy: str) -> int | None:
