@@ -150,3 +150,27 @@ def test_skyrl_gsm8k_multi_turn_in_a_worker_and_a_training_step(tmp_path, ascii_
     assert sl is not None and sl.num_rows == 4
     tr.train_on(sl)
     assert tr.version == 1
+
+
+def test_a_chat_model_turn_that_ends_at_its_end_of_turn_token_is_closed_once(smollm2_dir):
+    """A stepped env's turn ends at the chat template's end-of-turn token (no action
+    string), which the env's reply, rendered as the template's next user message,
+    would otherwise close a second time."""
+    from astraflow.models.codec import load_codec
+
+    codec = load_codec(smollm2_dir)
+    env = build_env("skyrl_gym", {"dataset": "tests.test_env_gym:countdown_rows",
+                                  "env": "tests.test_env_gym:CountdownEnv"})
+    wf = ToolAgent(env, codec, samples_per_prompt=1)
+
+    def generate(prompts, samples, max_new):
+        left = codec.tokenizer.decode(prompts[0]).count("left)")
+        ids = codec.tokenizer.encode(str(2 - left), add_special_tokens=False) + [codec.eos_id]
+        return Generation([ids], [[-0.1] * len(ids)], ["stop"])
+
+    ep = wf.play([env.task("2")], 1, generate, 8)[0]
+    assert ep.finish == "done" and ep.reward == 1.0
+    text = codec.tokenizer.decode(ep.context())
+    assert text.endswith("<|im_start|>assistant\n2<|im_end|>\n<|im_start|>user\n<tool>next? (1 "
+                         "left)</tool><|im_end|>\n<|im_start|>assistant\n1<|im_end|>"), text[-300:]
+    assert "<|im_end|><|im_end|>" not in text

@@ -110,6 +110,9 @@ class SteppedPlay:
         if not res.observation:
             return
         ids = self.codec.encode_tool_turn(res.observation[: self.max_tool_chars])
+        own = e.segments[-1][0] if e.segments else []
+        if own and ids and own[-1] == ids[0] and own[-1] in self.codec.stop_ids:
+            ids = ids[1:]  # the turn ended at the end-of-turn token the reply opens with
         limit = self.limits.max_context_tokens
         if limit is not None and len(e.prompt) + e.length + len(ids) >= limit:
             e.add(ids[: max(limit - len(e.prompt) - e.length, 0)], None)
