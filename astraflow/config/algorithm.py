@@ -83,7 +83,9 @@ class AlgorithmSpec(Spec):
     (astraflow.train.trust). Unlike PPO's per-token clip it bounds the whole move, so a
     late update carried by two groups cannot move the model as far as an early one
     carried by eight. Cost: one no-grad forward pass per update and one copy of the
-    trainable parameters. None: unbounded."""
+    trainable parameters. None: unbounded. Default: 0.02 for `hf` policies (a pretrained
+    model has skill to lose; astraflow.config.flow.HF_MAX_UPDATE_KL says why this
+    value), unbounded for `tiny` ones; `null` turns it off."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of a KL penalty toward a frozen reference policy: version 0 of this same
     policy (its pretrained or warm-started starting point; version 0 is never pruned).

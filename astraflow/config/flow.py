@@ -23,6 +23,11 @@ from astraflow.config.spec import Spec, unique
 from astraflow.config.store import StoreSpec
 from astraflow.config.workload import EnvSpec, WorkflowSpec
 
+HF_MAX_UPDATE_KL = 0.02
+"""`algorithm.max_update_kl` of an `hf` policy that does not set it: the per-update KL
+that PPO practice targets (0.01-0.02; PPO's adaptive-KL and target-KL settings), the
+top of that range since a pulled-back update still costs its forward passes."""
+
 
 class PolicySpec(Spec):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")
@@ -43,6 +48,19 @@ class PolicySpec(Spec):
         # `warm_start:` section). A tiny model from scratch needs one to get any reward.
         if self.model.kind == "hf" and "warm_start" not in self.model_fields_set:
             self.warm_start = WarmStartSpec(max_steps=0)
+        return self
+
+    @model_validator(mode="after")
+    def _pretrained_updates_are_bounded(self) -> PolicySpec:
+        # A pretrained model's skill is in its weights already, and with gradient clipping
+        # and Adam one update moves it about as far whatever its batch says: on SmolLM2
+        # unbounded updates took held-out accuracy from ~89% to 15-50% once learnt
+        # (docs/benchmarks/peers.md). So `hf` policies get a trust region on each update
+        # by default; `max_update_kl: null` turns it off. Tiny models from scratch keep
+        # none (their figures were measured without it, and they have no skill to lose).
+        if self.model.kind == "hf" and "max_update_kl" not in self.algorithm.model_fields_set:
+            self.algorithm = self.algorithm.model_copy(
+                update={"max_update_kl": HF_MAX_UPDATE_KL})
         return self
 
 

@@ -3,7 +3,8 @@
     pip install -e '.[peers]'
     python benchmarks/peers/compare.py [--flow examples/smollm2-math.yaml] [--minutes 10]
         [--seeds 3] [--points 40] [--eval-size 150] [--threads 2] [--skip-trl]
-        [--skip-astraflow] [--report] [--keep-weights] [--set k=v] [--out runs/bench-peers]
+        [--skip-astraflow] [--report] [--score-runs] [--keep-weights] [--set k=v]
+        [--out runs/bench-peers]
 
 Both learn the flow's workload from the same pretrained weights with the same batch,
 sampling and optimiser (printed side by side; `trl_grpo.py` says how TRL is set up).
@@ -44,18 +45,28 @@ from metrics import (  # noqa: E402
 
 TOOLS = ("astraflow", "trl")
 STEP_STATS = ("reward_mean", "approx_kl", "clip_frac", "entropy", "grad_norm", "rows_read",
-              "rows_used", "loss")
+              "rows_used", "loss", "update_kl", "update_scale")
 
 
 def astraflow_side(args, seed: int, evaluator, console: Console) -> dict:
     """The flow as `astraflow run` runs it, every version kept, then scored in order."""
+    import torch
     from pretrained import run_keeping_versions, time_split
     from trl_grpo import flow_settings
 
+    from astraflow.context import RunContext
+
     sets = {"seed": seed, **args.sets}
     limit = args.minutes * 60
-    ctx, summary = run_keeping_versions(args.flow, args.minutes + 1.5, console, sets,
-                                        name=f"bench-peers-s{seed}")
+    name = f"bench-peers-s{seed}"
+    done = Path("runs") / name / "summary.json"
+    if args.score_runs and done.is_file():  # trained before, every version still there
+        ctx, summary = RunContext.open(done.parent), json.loads(done.read_text())
+        console.print(f"AstraFlow seed {seed}: scoring the finished run {done.parent}")
+    else:
+        ctx, summary = run_keeping_versions(args.flow, args.minutes + 1.5, console, sets,
+                                            name=name)
+    torch.set_num_threads(args.threads)  # the launcher left one thread for its evaluation
     pol = summary["policy"]
     rows = ctx.ledger().read_metrics().to_pylist()
     firsts = [r for r in rows if r["component"] == "rollout" and r["name"] == "batch_s"
@@ -207,6 +218,10 @@ def main() -> None:
     ap.add_argument("--skip-trl", action="store_true")
     ap.add_argument("--skip-astraflow", action="store_true")
     ap.add_argument("--report", action="store_true", help="only summarise the saved results")
+    ap.add_argument("--score-runs", action="store_true",
+                    help="score AstraFlow runs already trained under runs/bench-peers-s<seed> "
+                         "(every version kept, e.g. by an interrupted invocation) instead of "
+                         "training them again")
     ap.add_argument("--keep-weights", action="store_true",
                     help="keep AstraFlow's versions after scoring them (~0.5 GB each)")
     ap.add_argument("--set", dest="sets", action="append", default=[],
