@@ -9,7 +9,8 @@ v12-13; and 89.3% → 48.7% in a 16-step draw, docs/benchmarks/peers.md); the de
 recipe of `hf` policies (`algorithm.max_update_kl`) must learn and keep it. Measured
 with it (2026-12-05, 100 questions): 25% → 79% (v9) → 66% (v13), a 13-point fall, so
 the bound here is a collapse (25 points), not the issue's 10-point stability aim,
-which benchmarks/peers/compare.py measures over seeds. About 4 minutes on 2 idle cores.
+which compare.py measures over seeds. 565 s on 2 idle cores, too long for the
+CI suite (20 minutes), so it runs from here: `python -m pytest benchmarks/peers/test_holds.py`.
 """
 
 from __future__ import annotations
