@@ -103,3 +103,20 @@ def test_cli_refuses_bad_flow_and_starts_nothing(tmp_path):
     assert r.returncode == 2
     assert "rollout.workers" in r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_pretrained_policies_bound_each_update_unless_told_otherwise():
+    """`hf` policies get algorithm.max_update_kl (and no warm start) where the flow left
+    them unset; a flow's own value, `null` included, wins; tiny policies get neither."""
+    from astraflow.config.flow import HF_MAX_UPDATE_KL
+
+    hf = load_flow(EXAMPLE.with_name("smollm2-math.yaml")).policies[0]
+    assert hf.algorithm.max_update_kl == HF_MAX_UPDATE_KL and hf.warm_start.max_steps == 0
+    off = load_flow(EXAMPLE.with_name("smollm2-math.yaml"),
+                    {"policies.0.algorithm.max_update_kl": None}).policies[0]
+    assert off.algorithm.max_update_kl is None
+    own = load_flow(EXAMPLE.with_name("smollm2-math.yaml"),
+                    {"policies.0.algorithm.max_update_kl": 0.1}).policies[0]
+    assert own.algorithm.max_update_kl == 0.1
+    tiny = load_flow(EXAMPLE).policies[0]
+    assert tiny.algorithm.max_update_kl is None and tiny.warm_start.max_steps > 0

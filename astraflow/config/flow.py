@@ -43,22 +43,18 @@ class PolicySpec(Spec):
     default: the flow's `stages`."""
 
     @model_validator(mode="after")
-    def _pretrained_needs_no_warm_start(self) -> PolicySpec:
-        # A pretrained model is version 0 as it is; a warm start is opt-in (give the
-        # `warm_start:` section). A tiny model from scratch needs one to get any reward.
-        if self.model.kind == "hf" and "warm_start" not in self.model_fields_set:
+    def _pretrained_defaults(self) -> PolicySpec:
+        """Defaults of a pretrained (`hf`) policy, each only where the flow left it unset.
+        Version 0 is the model as it is, so a warm start is opt-in (a tiny model from
+        scratch needs one to get any reward). Each update is bounded (`max_update_kl`;
+        `null` turns it off): a pretrained model has skill to lose, and with clipping and
+        Adam an update moves it about as far whatever its batch says (why and what it
+        measured: docs/benchmarks/peers.md)."""
+        if self.model.kind != "hf":
+            return self
+        if "warm_start" not in self.model_fields_set:
             self.warm_start = WarmStartSpec(max_steps=0)
-        return self
-
-    @model_validator(mode="after")
-    def _pretrained_updates_are_bounded(self) -> PolicySpec:
-        # A pretrained model's skill is in its weights already, and with gradient clipping
-        # and Adam one update moves it about as far whatever its batch says: on SmolLM2
-        # unbounded updates took held-out accuracy from ~89% to 15-50% once learnt
-        # (docs/benchmarks/peers.md). So `hf` policies get a trust region on each update
-        # by default; `max_update_kl: null` turns it off. Tiny models from scratch keep
-        # none (their figures were measured without it, and they have no skill to lose).
-        if self.model.kind == "hf" and "max_update_kl" not in self.algorithm.model_fields_set:
+        if "max_update_kl" not in self.algorithm.model_fields_set:
             self.algorithm = self.algorithm.model_copy(
                 update={"max_update_kl": HF_MAX_UPDATE_KL})
         return self
