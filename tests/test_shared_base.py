@@ -275,3 +275,93 @@ def test_one_process_trains_each_adapter_as_its_own_trainer_would(tmp_path, tiny
                    if f".{t.policy}." in n)
     step_all(again, 1)
     assert [t.version for t in again] == [3, 3]
+
+
+def test_sync_mode_and_the_cli_use_one_base(tmp_path, tiny_policy_dir):
+    from safetensors.torch import load as st_load
+    from typer.testing import CliRunner
+
+    from astraflow.cli.app import app
+    from astraflow.local.sync import run_sync
+
+    ctx = open_shared(tmp_path / "run", tiny_policy_dir, shared_flow(stop={"max_steps": 2}))
+    assert run_sync(ctx) == 2
+    for p in ("solver", "verifier"):
+        assert [e.step for e in ctx.ledger().entries(p)] == [0, 1]
+        # Its checkpoint holds its own adapter alone: it was trained on the shared base.
+        ck = ctx.checkpoints().latest(p)
+        keys = [k for k in st_load(ck.files["state.safetensors"]) if k.startswith("model/")]
+        assert keys and all(".lora_" in k for k in keys)
+    res = CliRunner().invoke(app, ["train", str(tmp_path / "run"), "--shared-base", "nope"])
+    assert res.exit_code != 0 and "shared bases: b" in res.output
+    res = CliRunner().invoke(app, ["train", str(tmp_path / "run"), "--shared-base", "b",
+                                   "--policy", "solver"])
+    assert res.exit_code != 0 and "give neither --policy" in res.output
+
+
+SHARED_RUN = {
+    "name": "shared-run",
+    "policies": [
+        {"name": "solver", "model": {**TINY, "lora": {"r": 2}, "shared_base": "b"},
+         "warm_start": {"max_steps": 0}, "algorithm": {"lr": 0.01}},
+        {"name": "verifier", "model": {**TINY, "lora": {"r": 2}, "shared_base": "b"},
+         "warm_start": {"max_steps": 0}, "algorithm": {"lr": 0.01}}],
+    "workflow": {"name": "solver_verifier"},
+    "env": {"digits": 2, "eval_size": 40},
+    "rollout": {"workers": 1, "prompts_per_batch": 4, "samples_per_prompt": 4,
+                "max_backlog_batches": 2},
+    "trainer": {"checkpoint_every": 4},
+    "stages": [{"name": "staleness", "params": {"max_versions": 4}}, {"name": "group_advantages"}],
+    "stop": {"max_steps": 12, "max_minutes": 8, "eval_every_s": 30, "live_eval_size": 20},
+}
+
+
+@pytest.mark.slow
+def test_launcher_trains_two_adapters_in_one_process_exactly_once_each(tmp_path):
+    """`astraflow run`, real processes: one trainer process `trainer-b` for both
+    policies of base `b`, SIGKILLed after the verifier's step 5 (mid-interval: a
+    checkpoint follows every 4th step) and restarted; each policy resumes from its own
+    checkpoint and rolls back its own lost steps; `astraflow audit` is clean for both."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.test_kill import paused_trainer, pid_of, start_run, stop_run, wait_until
+
+    gate = tmp_path / "gate"
+    launcher, run = start_run(tmp_path, SHARED_RUN, {"ASTRAFLOW_TEST_PAUSE_AT_STEP": "verifier:5",
+                                                     "ASTRAFLOW_TEST_GATE": str(gate)})
+    try:
+        pid = paused_trainer(gate, "verifier", 5, 400)
+        assert pid == pid_of(run, "trainer-b")
+        assert pid_of(run, "trainer-solver") is None and pid_of(run, "trainer-verifier") is None
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: pid_of(run, "trainer-b") not in (None, pid), 60, "restart", run)
+        out, _ = launcher.communicate(timeout=600)
+    finally:
+        stop_run(launcher, run)
+    assert launcher.returncode == 0, out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "max_steps", summary["stop_reason"]
+    assert summary["restarts"] == {"trainer-b": 1, "rollout-w0": 0}
+    audit = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(run), "--json"],
+                           capture_output=True, text=True, timeout=300)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    counts = json.loads(audit.stdout)["policies"]
+    for p in ("solver", "verifier"):
+        assert counts[p]["steps"] == 12 and counts[p]["duplicate_rows"] == 0, counts[p]
+        assert counts[p]["violations"] == 0, counts[p]
+    assert counts["verifier"]["rollbacks"] == 1 and counts["verifier"]["voided_steps"] == 2
+    ctx = RunContext.open(run)
+    for p in ("solver", "verifier"):
+        versions = ctx.weights().versions(p)
+        assert versions[0] == 0 and len(versions) >= 2
+        newest = ctx.weights().load(p, versions[-1])
+        assert lora.is_adapter(newest) and lora.base_version(newest) == 0
+    # Every later version is the policy's adapter alone: a fraction of version 0's bytes.
+    ws = ctx.weights()
+    for p in ("solver", "verifier"):
+        full = ws.manifest(p, 0).total_bytes
+        assert all(ws.manifest(p, v).total_bytes < 0.2 * full for v in ws.versions(p)[1:])
