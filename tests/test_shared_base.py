@@ -194,6 +194,19 @@ def test_worker_holds_one_base_for_both_policies(tmp_path, tiny_policy_dir):
     assert_same_generation(w.engines["solver"], HFEngine.from_dir(ctx.weights().load("solver", 1)))
 
 
+def test_evaluators_share_the_base(tmp_path, tiny_policy_dir):
+    from astraflow.local.evaluate import Evaluator
+
+    ctx = open_shared(tmp_path / "run", tiny_policy_dir)
+    publish_adapter(ctx, "verifier", 2)
+    shared: dict = {}
+    evs = [Evaluator(ctx, p, shared=shared) for p in ("solver", "verifier")]
+    assert list(shared) == ["b"] and all(ev.engine.shared is shared["b"] for ev in evs)
+    alone = Evaluator(ctx, "verifier")  # without `shared`: its own merged engine
+    assert evs[1](1, 10) == alone(1, 10)
+    assert 0.0 <= evs[0](0, 10) <= 1.0
+
+
 def fill_both(ctx: RunContext, batches: int) -> None:
     from tests.test_stores import make_rows
 

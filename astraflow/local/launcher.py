@@ -99,7 +99,8 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
                               os.cpu_count() or 1))
     warm = publish_version0(ctx, console)
     torch.set_num_threads(1)  # from here on the launcher only evaluates, beside the components
-    evaluators = {p: Evaluator(ctx, p) for p in policies}
+    shared: dict = {}  # policies sharing a base are evaluated on one copy of it
+    evaluators = {p: Evaluator(ctx, p, shared=shared) for p in policies}
     acc0 = {p: ev(0) for p, ev in evaluators.items()}
     for p, ev in evaluators.items():
         console.print(f"held-out {ev.metric} of {p} v0: {acc0[p]:.1%} on {len(ev.items)} items")
