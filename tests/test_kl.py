@@ -19,6 +19,7 @@ from astraflow.train.fsdp import ShardedStep
 from astraflow.train.loss import LossConfig, policy_loss
 from astraflow.train.step import StepSettings, optimize
 from astraflow.train.trainer import Trainer
+from astraflow.train.version0 import reference_model
 from tests.runs import seeded_run
 from tests.test_loss import _model, _rows
 from tests.test_resume import fill, params, train
@@ -221,9 +222,8 @@ def test_trainer_anchors_to_version_0_across_publishes_and_restarts(tmp_path, ti
     assert all(torch.equal(a, b) for a, b in zip(v0, params(resumed.ref_model), strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(v0, params(resumed.model), strict=True))
     # the sharded path, were this trainer on several ranks, refuses at start
-    resumed.ranks = Ranks(world=2)
     with pytest.raises(ValueError, match="kl_coef > 0 is not supported with FSDP2"):
-        resumed._reference([0])
+        reference_model(resumed.ctx, resumed.spec, Ranks(world=2), [0])
 
 
 def test_kl_coef_0_loads_no_reference(tmp_path, tiny_policy_dir):

@@ -56,14 +56,21 @@ def train(
                                                  "and every policy's trainer in lockstep "
                                                  "(default: the run's flow mode)")] = None,
     max_steps: Annotated[int | None, typer.Option(help="override stop.max_steps")] = None,
+    shared_base: Annotated[str | None, typer.Option(
+        help="train every policy whose model.shared_base is this name, as adapters on one "
+             "copy of the base in this process (instead of --policy)")] = None,
 ) -> None:
-    """Run one policy's trainer (resumes from its newest checkpoint; SIGTERM checkpoints)."""
+    """Run one policy's trainer, or those of the policies sharing a base (resumes from
+    the newest checkpoints; SIGTERM checkpoints)."""
     if mode not in (None, "async", "sync"):
         fail(f"--mode takes async or sync, got {mode!r}")
-    ctx = open_run(run_dir, "sync" if mode == "sync" else f"trainer-{policy or 'main'}")
+    name = shared_base if policy is None else policy
+    ctx = open_run(run_dir, "sync" if mode == "sync" else f"trainer-{name or 'main'}")
     sync = (mode or ctx.flow.mode) == "sync"
     if max_steps is not None:
         ctx.flow.stop.max_steps = max_steps
+    if shared_base is not None:
+        return _train_shared(ctx, shared_base, policy, sync)
     names = ctx.flow.policy_names()
     if not sync and policy is None:
         if len(names) > 1:
@@ -97,6 +104,29 @@ def train(
             Trainer(ctx, policy, ranks=ranks).run(should_stop=stop)
         finally:
             ranks.close()
+
+
+def _train_shared(ctx, group: str, policy: str | None, sync: bool) -> None:
+    """`train --shared-base GROUP`: the policies of that base, in one process."""
+    bases = ctx.flow.shared_bases()
+    if policy is not None or sync:
+        fail("--shared-base trains a base's policies in async mode: give neither --policy "
+             "nor --mode sync with it")
+    if group not in bases:
+        fail(f"no policy of this flow has model.shared_base: {group} (shared bases: "
+             f"{', '.join(bases) or 'none'})")
+    from rich.console import Console
+
+    from astraflow.local.supervise import stop_flag
+    from astraflow.train.adapters import run_together, trainers_for
+    from astraflow.train.version0 import publish_version0
+
+    stop = stop_flag()
+    missing = [p for p in bases[group] if ctx.weights().latest(p) is None]
+    if missing:  # started on its own: make version 0 first, as `run` would
+        publish_version0(ctx, Console(stderr=True), missing)
+    run_together(trainers_for(ctx, bases[group]), max_steps=ctx.flow.stop.max_steps,
+                 should_stop=stop)
 
 
 @app.command(name="eval")

@@ -182,10 +182,55 @@ class FlowSpec(Spec):
             if src not in order or order.index(src) >= order.index(p.name):
                 raise ValueError(f"policies.{p.name}.warm_start.init_from: {src!r} must be a policy "
                                  f"that plays an earlier role (order: {order})")
-            if self.policy_spec(src).model != p.model:
+            # Adapters (lora, shared_base) differ freely: version 0 is full weights.
+            if (self.policy_spec(src).model.model_dump(exclude={"lora", "shared_base"})
+                    != p.model.model_dump(exclude={"lora", "shared_base"})):
                 raise ValueError(f"policies.{p.name}.warm_start.init_from: {src!r} has a different "
                                  f"model shape; give both the same `model`")
         return self
+
+    @model_validator(mode="after")
+    def _shared_bases_agree(self) -> FlowSpec:
+        names = [p.name for p in self.policies]
+        for group, members in self.shared_bases().items():
+            specs = [self.policy_spec(m) for m in members]
+            if group in names:
+                raise ValueError(f"shared_base: {group} is also a policy's name; name the base "
+                                 f"otherwise (its trainer process is `trainer-{group}`)")
+            if self.rollout.engine != "hf":
+                raise ValueError(f"policies {members} share base {group!r}, which the hf engine "
+                                 f"serves (one base, an adapter per policy); vLLM multi-LoRA "
+                                 f"serving is not built yet: use rollout.engine: hf")
+            shape = {m: s.model.model_dump(exclude={"lora"}) for m, s in zip(members, specs,
+                                                                             strict=True)}
+            if any(v != shape[members[0]] for v in shape.values()):
+                raise ValueError(f"policies {members} share base {group!r} but their models "
+                                 f"differ (kind, path, dtype or shape): give them the same "
+                                 f"`model` but for `lora`")
+            kl = [s.name for s in specs if s.algorithm.kl_coef > 0]
+            if kl:
+                raise ValueError(f"policies {kl} share base {group!r}: algorithm.kl_coef > 0 "
+                                 f"with a shared base is not built yet; set kl_coef: 0")
+            first = specs[0]
+            as_is = first.warm_start.max_steps == 0 and first.warm_start.init_from is None
+            for s in specs[1:]:
+                ok = s.warm_start.max_steps == 0 and s.warm_start.init_from in (
+                    {first.name, None} if as_is else {first.name})
+                if not ok:
+                    raise ValueError(
+                        f"policies.{s.name} shares base {group!r} with {first.name}, so its "
+                        f"version 0 must be {first.name}'s: set warm_start: {{init_from: "
+                        f"{first.name}, max_steps: 0}}")
+        return self
+
+    def shared_bases(self) -> dict[str, list[str]]:
+        """`model.shared_base` name → the policies sharing it, in role order."""
+        out: dict[str, list[str]] = {}
+        for name in self.policy_names():
+            group = self.policy_spec(name).model.shared_base
+            if group is not None:
+                out.setdefault(group, []).append(name)
+        return out
 
     def _roles(self) -> tuple[str, ...]:
         return registry.resolve("workflow", self.workflow.name).role_names(self.workflow.params)

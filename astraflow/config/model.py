@@ -69,6 +69,16 @@ class ModelSpec(Spec):
     lora: LoraSpec | None = None
     """Train LoRA adapters on version 0 instead of the whole model (off by default);
     e.g. `lora: {r: 8}`. See LoraSpec."""
+    shared_base: str | None = Field(None, pattern=r"^[a-z][a-z0-9_]{0,31}$")
+    """LoRA policies only: the name of a base that several policies share. Policies that
+    give the same name hold one frozen copy of it in each `hf`-engine rollout worker
+    (one named adapter per policy, each at its own version) and are trained as
+    adapters on one copy in one trainer process (`trainer-<name>`), each with its own
+    optimizer, cursor, checkpoints and versions. They need `lora`, the same model
+    otherwise (kind, path, dtype, shape), and the same version 0: every member after
+    the first sets `warm_start: {max_steps: 0}`, with `init_from: <the first>` unless
+    the first's version 0 is its model as it is. Not with `rollout.engine: vllm` yet.
+    See docs/models.md, "Full weights or shared-base adapters"."""
     alphabet: Literal["math", "ascii"] = "math"
     """`tiny` only: the character vocabulary. `math` (32 symbols: digits and a few
     operators) or `ascii` (printable ASCII and newline: what a tool-using workload
@@ -79,6 +89,9 @@ class ModelSpec(Spec):
 
     @model_validator(mode="after")
     def _kind_fields(self) -> ModelSpec:
+        if self.shared_base is not None and self.lora is None:
+            raise ValueError(f"shared_base: {self.shared_base} shares a frozen base between "
+                             f"LoRA policies: add `lora:` (e.g. lora: {{r: 8}}), or remove it")
         if self.kind == "hf":
             if not self.path:
                 raise ValueError("kind: hf needs a path: a model folder (see `astraflow models "

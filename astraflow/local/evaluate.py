@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from astraflow.context import RunContext
+from astraflow.rollout.adapters import SharedAdapters
 from astraflow.rollout.engine import HFEngine
+from astraflow.rollout.generation import Engine
 from astraflow.stores import WeightError
 from astraflow.workflows import EvalItem, Workflow
 from astraflow.workflows.workload import make_workflow
@@ -25,9 +27,12 @@ class Evaluator:
     keeps, so a live run pruning its old versions cannot pull the version it is built
     on away mid-load; a store without version 0 (a partial mirror) builds on its newest.
     Each call swaps in the weights of the version asked for. Every version of a policy
-    carries the same tokenizer, so the held-out prompts encode once."""
+    carries the same tokenizer, so the held-out prompts encode once. `shared`: the
+    engines of shared bases (`model.shared_base`) that evaluators of several policies
+    hold once between them."""
 
-    def __init__(self, ctx: RunContext, policy: str | None = None):
+    def __init__(self, ctx: RunContext, policy: str | None = None, *,
+                 shared: dict[str, SharedAdapters] | None = None):
         self.ctx = ctx
         self.policy = policy or ctx.flow.policy.name
         self.role = ctx.flow.role_of(self.policy)
@@ -36,8 +41,15 @@ class Evaluator:
         if not versions:
             raise WeightError(f"no weight versions of {self.policy} in {ctx.weights_root}")
         base = 0 if versions[0] == 0 else versions[-1]
-        self.engine = HFEngine.from_dir(self.ws.load(self.policy, base),
-                                        dtype=ctx.flow.policy_spec(self.policy).model.dtype)
+        model = ctx.flow.policy_spec(self.policy).model
+        path = self.ws.load(self.policy, base)
+        self.engine: Engine
+        if shared is not None and model.shared_base is not None:  # one base for all of them
+            if model.shared_base not in shared:
+                shared[model.shared_base] = SharedAdapters(path, dtype=model.dtype)
+            self.engine = shared[model.shared_base].engine_for(self.policy, path)
+        else:
+            self.engine = HFEngine.from_dir(path, dtype=model.dtype)
         self.workflow: Workflow = make_workflow(ctx.flow, self.engine.codec)
         self.metric = self.workflow.metric_name(self.role)
         self.items: list[EvalItem] = self.workflow.eval_items(self.role, ctx.flow.env.eval_size)

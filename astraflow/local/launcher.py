@@ -1,7 +1,8 @@
 """The embedded default: `astraflow run FLOW` runs every component as local processes.
 
     launcher ─┬─ warm start → publish weights v0; evaluate v0 on the held-out set
-              ├─ spawn: W × `astraflow rollout RUN`  +  `astraflow train RUN`
+              ├─ spawn: W × `astraflow rollout RUN`  +  `astraflow train RUN` per
+              │         policy (per shared base: one for all its policies)
               │         (or one `astraflow train RUN --mode sync` for the baseline)
               ├─ every second: supervise (restart crashes), show progress from the
               │   metrics table; every eval_every_s: greedy eval of the newest
@@ -75,8 +76,13 @@ def components(ctx: RunContext) -> list[Component]:
     # supervisor restarts it as a whole (resume: checkpoint, rollback, republish).
     launcher = (["-m", "torch.distributed.run", "--standalone",
                  "--nproc-per-node", str(flow.trainer.ranks)] if flow.trainer.ranks > 1 else [])
-    comps = [Component(f"trainer-{p}", ["train", run, "--policy", p], flow.trainer.threads,
-                       logs / f"trainer-{p}.log", launcher=launcher) for p in flow.policy_names()]
+    # Policies sharing a base (model.shared_base) train in one process, on one copy of it.
+    shared = {p: g for g, members in flow.shared_bases().items() for p in members}
+    trainers = dict.fromkeys(shared.get(p, p) for p in flow.policy_names())
+    comps = [Component(f"trainer-{t}", ["train", run, "--shared-base" if t in shared.values()
+                                        else "--policy", t],
+                       flow.trainer.threads, logs / f"trainer-{t}.log", launcher=launcher)
+             for t in trainers]
     for i in range(flow.rollout.workers):
         comps.append(Component(f"rollout-w{i}", ["rollout", run, "--worker-id", f"w{i}"],
                                flow.rollout.threads, logs / f"rollout-w{i}.log"))
@@ -93,7 +99,8 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
                               os.cpu_count() or 1))
     warm = publish_version0(ctx, console)
     torch.set_num_threads(1)  # from here on the launcher only evaluates, beside the components
-    evaluators = {p: Evaluator(ctx, p) for p in policies}
+    shared: dict = {}  # policies sharing a base are evaluated on one copy of it
+    evaluators = {p: Evaluator(ctx, p, shared=shared) for p in policies}
     acc0 = {p: ev(0) for p, ev in evaluators.items()}
     for p, ev in evaluators.items():
         console.print(f"held-out {ev.metric} of {p} v0: {acc0[p]:.1%} on {len(ev.items)} items")

@@ -19,13 +19,13 @@ import time
 
 from astraflow.context import RunContext
 from astraflow.rollout.worker import RolloutWorker
-from astraflow.train.trainer import Trainer
+from astraflow.train.adapters import trainers_for
 
 log = logging.getLogger("astraflow.local.sync")
 
 
 def run_sync(ctx: RunContext, *, deadline: float | None = None, should_stop=lambda: False) -> int:
-    trainers = [Trainer(ctx, p) for p in ctx.flow.policy_names()]
+    trainers = trainers_for(ctx, ctx.flow.policy_names())  # shared bases: one copy each
     worker = RolloutWorker(ctx, "sync-0")
     max_steps = ctx.flow.stop.max_steps
     while min(t.step for t in trainers) < max_steps and not should_stop():

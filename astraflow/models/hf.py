@@ -97,7 +97,8 @@ def carried_files(folder: str | Path) -> dict[str, bytes]:
 
 def save_policy(model: PreTrainedModel, path: str | Path, *, source: Source,
                 max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
-                state_dict: Mapping[str, torch.Tensor] | None = None) -> None:
+                state_dict: Mapping[str, torch.Tensor] | None = None,
+                adapter: str | None = None) -> None:
     """Write one version: safetensors weights (sharded with an index above
     `max_shard_size`), config.json, and `source`'s tokenizer, chat template and
     generation config, byte for byte. A LoRA (peft) model writes only its adapters
@@ -109,6 +110,7 @@ def save_policy(model: PreTrainedModel, path: str | Path, *, source: Source,
 
     `state_dict`: the weights to write instead of the model's own, e.g. the full state
     a sharded trainer gathered on rank 0 (the model then only lends its config).
+    `adapter`: which adapter to write of a peft model holding several (a shared base).
     """
     files = source if isinstance(source, Mapping) else carried_files(source)
     if not any(n in files for n in TOKENIZER_FILES):
@@ -117,7 +119,7 @@ def save_policy(model: PreTrainedModel, path: str | Path, *, source: Source,
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     if lora_mod.is_peft(model):
-        lora_mod.save_adapter(model, path)
+        lora_mod.save_adapter(model, path, adapter)
     else:
         model.save_pretrained(str(path), max_shard_size=max_shard_size,
                               state_dict=None if state_dict is None else dict(state_dict))

@@ -24,6 +24,7 @@ import torch
 from safetensors import safe_open
 
 from astraflow.models.weights import load_weights_into
+from astraflow.stores.manifest import MANIFEST, sha256_file
 
 if TYPE_CHECKING:
     from astraflow.config.model import LoraSpec
@@ -94,26 +95,44 @@ def lora_config(spec: LoraSpec):
 
 
 def wrap(model: torch.nn.Module, spec: LoraSpec, source: str | Path | None = None, *,
-         seed: int = 0) -> torch.nn.Module:
+         seed: int = 0, name: str = "default") -> torch.nn.Module:
     """Fresh adapters on a full model (B = 0: the wrapped model computes exactly what
     the base does); only the adapters require grad. A's random init is drawn from
     `seed`, not the global RNG, so a run starts from the same adapters whatever ran
     before it (and the global RNG is left as it was). `source`: the folder the model
-    came from; adapters must start on the base their versions will name."""
-    get_peft_model = _peft().get_peft_model
-
+    came from; adapters must start on the base their versions will name. `name`: the
+    adapter's name; on a peft model (a shared base) it is added beside the others."""
     if source is not None and (m := _VERSION_DIR.fullmatch(Path(source).name)) \
             and int(m.group(1)) != BASE_VERSION:
         raise ValueError(f"LoRA adapters start on version {BASE_VERSION} of a policy (the base "
                          f"every adapter version names); {source} is a later full version. Turn "
                          f"model.lora on for a fresh run, or off to continue full fine-tuning")
+    return add_config(model, lora_config(spec), name, seed=seed)
+
+
+def adapter_config(path: str | Path):
+    """peft's LoraConfig of an adapter folder (its adapter_config.json), naming no base
+    folder (the caller checks the base itself; peft would only warn of the name)."""
+    config = _peft().LoraConfig.from_pretrained(str(path))
+    config.base_model_name_or_path = None
+    return config
+
+
+def add_config(model: torch.nn.Module, config, name: str, *, seed: int = 0) -> torch.nn.Module:
+    """Adapters `name` (peft config `config`) on `model`, which becomes a peft model on
+    the first; returns the peft model. A is drawn from `seed` (as `wrap` draws it)."""
     with torch.random.fork_rng():  # CPU and every CUDA device
         torch.manual_seed(seed)
-        return get_peft_model(model, lora_config(spec))
+        if is_peft(model):
+            model.add_adapter(name, config)
+            return model
+        return _peft().get_peft_model(model, config, adapter_name=name)
 
 
-def load_trainable(model: torch.nn.Module, path: str | Path, spec: LoraSpec) -> torch.nn.Module:
-    """The base `model` with the adapters of version folder `path`, trainable."""
+def load_trainable(model: torch.nn.Module, path: str | Path, spec: LoraSpec, *,
+                   name: str = "default") -> torch.nn.Module:
+    """The base `model` with the adapters of version folder `path`, trainable. On a
+    peft model already (a shared base), they are added to it as adapter `name`."""
     PeftModel = _peft().PeftModel  # noqa: N806
 
     saved = json.loads((Path(path) / ADAPTER_CONFIG).read_text())
@@ -124,22 +143,24 @@ def load_trainable(model: torch.nn.Module, path: str | Path, spec: LoraSpec) -> 
                          f"{got[2]}; the flow's model.lora asks r={want.r}, alpha="
                          f"{want.lora_alpha}, targets {sorted(want.target_modules)}: adapters "
                          f"cannot change shape mid-run")
-    return PeftModel.from_pretrained(model, str(path), is_trainable=True)
+    if is_peft(model):
+        model.load_adapter(str(path), adapter_name=name, is_trainable=True)
+        return model
+    return PeftModel.from_pretrained(model, str(path), adapter_name=name, is_trainable=True)
 
 
-def save_adapter(model: torch.nn.Module, path: str | Path) -> None:
+def save_adapter(model: torch.nn.Module, path: str | Path, name: str | None = None) -> None:
     """Write the adapters of a peft model (adapter_model.safetensors and
-    adapter_config.json; no base weights) and the pointer to their base."""
+    adapter_config.json; no base weights) and the pointer to their base. `name`: which
+    adapter, when the model holds several (a shared base); default its only one."""
     from safetensors.torch import save_file
 
     path = Path(path)
     # What peft's save_pretrained writes for a LoRA without bias (factors keyed without
     # the adapter name), minus its model card and checks, which took ~1 s a version.
-    name = _adapter_name(model)
-    tensors = {}
-    for key, value in model.state_dict().items():
-        if ".lora_A." in key or ".lora_B." in key:
-            tensors[key.replace(f".{name}.", ".")] = value.detach().contiguous()
+    name = _adapter_name(model) if name is None else name
+    tensors = {key.replace(f".{name}.", "."): value.detach().contiguous()
+               for key, value in adapter_state(model, name).items()}
     save_file(tensors, str(path / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     model.peft_config[name].save_pretrained(str(path))
     config = json.loads((path / ADAPTER_CONFIG).read_text())
@@ -148,6 +169,28 @@ def save_adapter(model: torch.nn.Module, path: str | Path) -> None:
     config["base_model_name_or_path"] = version_dir(BASE_VERSION)
     (path / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (path / BASE_FILE).write_text(json.dumps({"version": BASE_VERSION}) + "\n")
+
+
+def adapter_state(model: torch.nn.Module, name: str) -> dict[str, torch.Tensor]:
+    """Adapter `name`'s factors in a peft model's state dict (keys as peft names them)."""
+    return {k: v for k, v in model.state_dict().items()
+            if k.endswith(f".{name}.weight") and (".lora_A." in k or ".lora_B." in k)}
+
+
+def fingerprint(folder: str | Path) -> dict[str, str]:
+    """What a base's weights are: {file: sha256} of a full version folder's safetensors,
+    read from its weight-store manifest (hashed here when it has none). Two policies'
+    versions 0 with equal fingerprints are one base, so one copy can serve both."""
+    folder = Path(folder)
+    manifest = folder / MANIFEST
+    if manifest.is_file():
+        files = json.loads(manifest.read_text())["files"]
+        out = {n: f["sha256"] for n, f in files.items() if n.endswith(".safetensors")}
+    else:
+        out = {p.name: sha256_file(p) for p in folder.glob("*.safetensors")}
+    if not out:
+        raise FileNotFoundError(f"{folder} holds no safetensors weights: not a full version")
+    return out
 
 
 def _adapter_name(model: torch.nn.Module) -> str:

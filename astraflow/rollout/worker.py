@@ -1,6 +1,7 @@
 """The rollout worker: a stateless loop that turns weights into trajectories.
 
     weights/<policy>/latest ──(verify sha256, swap in place)──► one engine per policy
+                                  (policies sharing a base: one base, an adapter each)
     workload.sample(seeded rng) ──► tasks ──► workflow.episodes(tasks, actor)
         ──► one Part per policy per episode ──► traj_<policy> (one commit per table)
 
@@ -31,6 +32,7 @@ import torch
 
 from astraflow.context import RunContext
 from astraflow.models.codec import Codec
+from astraflow.rollout.adapters import SharedAdapters
 from astraflow.rollout.engine import make_engine
 from astraflow.rollout.generation import Engine, Generation, generate_with_stops
 from astraflow.rollout.sampler import TaskSampler
@@ -95,6 +97,7 @@ class RolloutWorker:
         self.sampler = TaskSampler(self.env, self.rng,
                                    skip_versions=ctx.flow.rollout.skip_solved_versions)
         self.engines: dict[str, Engine] = {}
+        self.shared: dict[str, SharedAdapters] = {}  # model.shared_base → its one engine
         self.versions: dict[str, int | None] = dict.fromkeys(self.policies)
         self.newest: dict[str, int | None] = dict.fromkeys(self.policies)
         self.host = socket.gethostname()
@@ -154,11 +157,7 @@ class RolloutWorker:
             return False
         try:
             if policy not in self.engines:
-                model = self.ctx.flow.policy_spec(policy).model
-                self.engines[policy] = make_engine(
-                    self.ctx.flow.rollout.engine, path, dtype=model.dtype,
-                    lora_rank=model.lora.r if model.lora else None,
-                    gpu_memory_utilization=self.ctx.flow.rollout.gpu_memory_utilization)
+                self.engines[policy] = self._engine(policy, path)
             else:
                 self.engines[policy].load_weights(path)
         except OSError as err:
@@ -173,6 +172,19 @@ class RolloutWorker:
         self.versions[policy] = latest
         self.reload_s[policy] += time.time() - t0  # reported with the next batch
         return True
+
+    def _engine(self, policy: str, path: Path) -> Engine:
+        """A policy's engine on its first version: its own, or its adapter on the one
+        copy of a base it shares (`model.shared_base`) with other policies."""
+        model = self.ctx.flow.policy_spec(policy).model
+        if model.shared_base is not None:
+            shared = self.shared.get(model.shared_base)
+            if shared is None:
+                shared = self.shared[model.shared_base] = SharedAdapters(path, dtype=model.dtype)
+            return shared.engine_for(policy, path)
+        return make_engine(self.ctx.flow.rollout.engine, path, dtype=model.dtype,
+                           lora_rank=model.lora.r if model.lora else None,
+                           gpu_memory_utilization=self.ctx.flow.rollout.gpu_memory_utilization)
 
     # -- backpressure --------------------------------------------------------
     def backlog_rows(self, progress: Progress | None, policy: str | None = None) -> int:

@@ -8,7 +8,8 @@ every row. Every `checkpoint_every` steps, and when asked to stop (SIGTERM: a sp
 notice), it checkpoints model, optimizer, RNG, counters and lineage. On start it
 restores the newest checkpoint (or version 0) and voids the ledger's steps past it, so
 every row is trained exactly once; if lost steps published weights, it republishes
-its own so workers return to its lineage. Several policies: one trainer each; with
+its own so workers return to its lineage. Several policies: one trainer each (policies
+sharing a base: one process, astraflow/train/adapters.py); with
 `trainer.version_barrier` a due publish waits until every other policy holds the same
 version. With several ranks, rank 0 alone reads and writes the store
 (astraflow/train/dist.py); every rank joins the collectives on rank 0's decisions.
@@ -40,6 +41,7 @@ from astraflow.train.lineage import Lineage
 from astraflow.train.logprobs import LogprobModel
 from astraflow.train.publisher import Publisher
 from astraflow.train.step import Step, optimize, step_settings
+from astraflow.train.version0 import reference_model
 
 log = logging.getLogger("astraflow.trainer")
 
@@ -114,17 +116,16 @@ class Trainer:
         latest = versions[-1]
         base = 0 if ckpt is None and 0 in versions else latest
         path = self.weights.load(self.policy, base)
-        self.model = load_policy(path, dtype=self.spec.model.dtype, lora=self.spec.model.lora)
+        self.model = self._load(path)
         self.model.train()
         self._place()
-        self.ref_model = self._reference(versions)
+        self.ref_model = reference_model(self.ctx, self.spec, self.ranks, versions)
         self.codec = load_codec(path)
         # Tokenizer, chat template and generation config, carried into every version we
         # publish; read now, because the folder may be pruned (or leave the S3 cache).
         self.carried = carried_files(path)
         algo = self.spec.algorithm
-        trainable = [p for p in self.module.parameters() if p.requires_grad]  # LoRA: adapters
-        self.opt = torch.optim.AdamW(trainable, lr=algo.lr, betas=algo.betas,
+        self.opt = torch.optim.AdamW(self._trainable(), lr=algo.lr, betas=algo.betas,
                                      weight_decay=algo.weight_decay)
         if ckpt is None:
             self.step = self.cursor = self.rows_consumed = self.optimizer_steps = 0
@@ -132,7 +133,7 @@ class Trainer:
             self.updates_since_publish = 0
             self.lineage = Lineage(self._manifest)
         else:
-            checkpoint.restore_any(self.module, self.opt, ckpt.files, ckpt.meta)
+            checkpoint.restore_any(self._state(), self.opt, ckpt.files, ckpt.meta)
             m = ckpt.meta
             self.step, self.cursor = m["steps_done"], m["cursor"]
             self.rows_consumed, self.optimizer_steps = m["rows_consumed"], m["optimizer_steps"]
@@ -189,29 +190,18 @@ class Trainer:
             # A GPU shared with a vLLM worker: past this share, fail here, not there.
             torch.cuda.set_per_process_memory_fraction(fraction, device)
 
-    def _reference(self, versions: list[int]) -> torch.nn.Module | None:
-        """`algorithm.kl_coef` > 0: a frozen copy of version 0 (the policy's starting
-        point; never pruned), in eval mode without grad, on the policy's device and in
-        its dtype. Loaded afresh on every start (it holds no state). For a LoRA policy
-        it is the full model version 0 holds (base, plus its adapter merged if any)."""
-        if self.spec.algorithm.kl_coef <= 0:
-            return None
-        if self.ranks.sharded:
-            raise ValueError(
-                f"policies.{self.policy}.algorithm.kl_coef > 0 is not supported with FSDP2-"
-                f"sharded training ({self.ranks.world} ranks) yet: train on one rank, or set "
-                f"kl_coef: 0")
-        if 0 not in versions:
-            raise RuntimeError(
-                f"policies.{self.policy}.algorithm.kl_coef > 0 anchors to version 0, which "
-                f"is not in {self.ctx.weights_root}")
-        ref = load_policy(self.weights.load(self.policy, 0), dtype=self.spec.model.dtype)
-        ref.requires_grad_(False)
-        ref.eval()
-        device = self.ranks.device
-        if device.type != "cpu":
-            ref.to(device)
-        return ref
+    # What a trainer of one adapter on a shared base (astraflow.train.adapters) overrides.
+    def _load(self, path) -> torch.nn.Module:
+        return load_policy(path, dtype=self.spec.model.dtype, lora=self.spec.model.lora)
+
+    def _trainable(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]  # LoRA: adapters
+
+    def _state(self) -> torch.nn.Module:
+        return self.module  # what a checkpoint holds (the model, or its shards)
+
+    def _save(self, staging, state) -> None:
+        save_policy(self.model, staging, source=self.carried, state_dict=state)
 
     def _roll_back(self) -> int:
         """Rank 0: void the ledger's steps past the checkpoint; returns the steps it had."""
@@ -335,7 +325,7 @@ class Trainer:
         if self.ranks.sharded:
             self._save_sharded(counters)
         else:
-            files, meta = checkpoint.capture(self.model, self.opt, counters)
+            files, meta = checkpoint.capture(self._state(), self.opt, counters)
             self.checkpoints.save(self.policy, self.step, files, meta)
             self.checkpoints.prune(self.policy, self.ctx.flow.trainer.keep_checkpoints)
         self._checkpointed = self.step
@@ -381,7 +371,7 @@ class Trainer:
         version = None
         if self.main:
             staging = self.weights.staging_dir(self.policy)
-            save_policy(self.model, staging, source=self.carried, state_dict=state)
+            self._save(staging, state)
             version = self.publisher.publish(staging, step=self.step, parent=source, lineage=depth)
         self.version = self.ranks.share(version)
         self.lineage.add(self.version, source, depth)

@@ -5,7 +5,8 @@
     init_from:    another policy's v0 (its weights and tokenizer) ──(warm start)──────► v0
 
 The launcher calls this before starting any component; a trainer started alone
-(a cloud trainer) calls it for its own policy. It lives with the trainer, not
+(a cloud trainer) calls it for its own policy. A trainer with `algorithm.kl_coef`
+anchors to version 0 (`reference_model`). It lives with the trainer, not
 the launcher, so `astraflow train` never imports the local launcher.
 """
 
@@ -23,7 +24,7 @@ from rich.console import Console
 from astraflow.context import RunContext
 from astraflow.models.codec import load_codec
 from astraflow.models.factory import build_model
-from astraflow.models.hf import carried_files, save_policy
+from astraflow.models.hf import carried_files, load_policy, save_policy
 from astraflow.models.hf import source_files as model_source_files
 from astraflow.models.weights import load_weights_into
 from astraflow.stores import WeightError
@@ -31,7 +32,11 @@ from astraflow.train.warm_start import warm_start
 from astraflow.workflows.workload import make_workflow
 
 if TYPE_CHECKING:
+    import torch
+
+    from astraflow.config.flow import PolicySpec
     from astraflow.config.model import ModelSpec
+    from astraflow.train.dist import Ranks
 
 
 def ensure_imported(spec: ModelSpec, console: Console) -> None:
@@ -127,3 +132,28 @@ def publish_version0(ctx: RunContext, console: Console, policies: list[str] | No
             out[name] = {"steps": res.steps, "seconds": res.seconds,
                          "validation_accuracy": res.accuracy}
     return out
+
+
+def reference_model(ctx: RunContext, spec: PolicySpec, ranks: Ranks,
+                    versions: list[int]) -> torch.nn.Module | None:
+    """`algorithm.kl_coef` > 0: a frozen copy of version 0 (the policy's starting
+    point; never pruned), in eval mode without grad, on the policy's device and in
+    its dtype. Loaded afresh on every trainer start (it holds no state). For a LoRA
+    policy it is the full model version 0 holds (base, plus its adapter merged if any)."""
+    if spec.algorithm.kl_coef <= 0:
+        return None
+    if ranks.sharded:
+        raise ValueError(
+            f"policies.{spec.name}.algorithm.kl_coef > 0 is not supported with FSDP2-"
+            f"sharded training ({ranks.world} ranks) yet: train on one rank, or set "
+            f"kl_coef: 0")
+    if 0 not in versions:
+        raise RuntimeError(
+            f"policies.{spec.name}.algorithm.kl_coef > 0 anchors to version 0, which "
+            f"is not in {ctx.weights_root}")
+    ref = load_policy(ctx.weights().load(spec.name, 0), dtype=spec.model.dtype)
+    ref.requires_grad_(False)
+    ref.eval()
+    if ranks.device.type != "cpu":
+        ref.to(ranks.device)
+    return ref
