@@ -166,8 +166,14 @@ def test_sync_baseline_steps_every_policy_each_iteration(tmp_path, tiny_policy_d
         assert ctx.checkpoints().latest(p) is not None
 
 
-def test_a_full_policy_sheds_its_rows_and_never_stalls_the_others(tmp_path, tiny_policy_dir):
-    ctx = make_ctx(tmp_path, tiny_policy_dir)  # max_backlog_batches: 4
+def rollout_metrics(ctx: RunContext, policy: str, batch: int) -> dict[str, float]:
+    """The rollout metrics one worker batch logged for `policy`."""
+    return {r["name"]: r["value"] for r in ctx.ledger().read_metrics().to_pylist()
+            if r["component"] == "rollout" and r["policy"] == policy and r["step"] == batch}
+
+
+def test_a_closed_policy_is_not_started_and_never_stalls_the_others(tmp_path, tiny_policy_dir):
+    ctx = make_ctx(tmp_path, tiny_policy_dir)  # max_backlog_batches: 4, max_lead_batches: 2
     traj = ctx.trajectories()
     w = RolloutWorker(ctx, "wA")
     w.refresh_weights()
@@ -175,17 +181,74 @@ def test_a_full_policy_sheds_its_rows_and_never_stalls_the_others(tmp_path, tiny
         w.produce_batch()
     t0 = time.time()
     assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 1.0) >= 1.0  # all full: wait
+    assert w.admission.play == frozenset()
     solver = Trainer(ctx, "solver")  # the verifier's trainer is down; the solver's trains
     solver.train_on(solver.poll())
     t0 = time.time()
     assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 30.0) < 5.0
-    assert w.open == {"solver"}
+    assert w.admission.keep == {"solver"} and not w.admission.feed and w.open == {"solver"}
     before = traj.count("verifier")
-    assert w.produce_batch() == 12  # the solver's rows only
+    assert w.produce_batch() == 12  # the solver's rows only...
     assert traj.count("verifier") == before and traj.count("solver") == 5 * 12
-    shed = [r for r in ctx.ledger().read_metrics(names=["rows_shed"]).to_pylist()
-            if r["policy"] == "verifier"]
-    assert [r["value"] for r in shed][-1] == 12
+    held = rollout_metrics(ctx, "verifier", w.batches)
+    # ...and the verifier generated nothing: not started, rather than generated and shed.
+    assert held["rows"] == 0 and held["rows_not_started"] == 12 and held["rows_fed"] == 0
+    assert "gen_s" not in held
+    assert rollout_metrics(ctx, "solver", w.batches)["rows_not_started"] == 0
+    newest = traj.read_range("solver", 0, 10**9).to_pylist()[-12:]
+    env, codec = MathEnv(digits=2), CharCodec.default()
+    for r in newest:  # the solver's reward means what it always means: the answer is right
+        assert json.loads(r["extras"])["roles_played"] == ["solver"]
+        task = env._task(int(r["task_id"][:2]), int(r["task_id"][3:]))
+        assert r["reward"] == env.reward(task, codec.decode(r["completion_ids"]))
+
+    # The lead bound: with the verifier held, the solver plays alone at most
+    # max_lead_batches (2) batches beyond the verifier's table (4 batches): one more.
+    for _ in range(3):
+        solver.train_on(solver.poll())  # room in the solver's backlog: only the lead binds
+    w.wait_for_room(should_stop=lambda: False)
+    assert w.admission.keep == {"solver"}
+    w.produce_batch()
+    assert traj.count("solver") == 6 * 12
+    t0 = time.time()
+    assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 1.0) >= 1.0
+    assert w.admission.play == frozenset()
+    verifier = Trainer(ctx, "verifier")  # the verifier's trainer catches up one step
+    verifier.train_on(verifier.poll())
+    t0 = time.time()
+    assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 30.0) < 5.0
+    assert w.admission.keep == {"solver", "verifier"}
+    assert w.produce_batch() == 24
+
+
+def test_a_done_trainers_policy_is_played_as_input_only(tmp_path, tiny_policy_dir):
+    """Once the solver's trainer took its last step its rows are never trained: the
+    verifier still needs the solver's answers, so the solver plays as input only (not
+    appended, counted as rows_fed) instead of holding the verifier for ever."""
+    ctx = make_ctx(tmp_path, tiny_policy_dir, stop={"max_steps": 2})
+    traj = ctx.trajectories()
+    w = RolloutWorker(ctx, "wA")
+    w.refresh_weights()
+    for _ in range(4):
+        w.produce_batch()
+    solver = Trainer(ctx, "solver")
+    for _ in range(2):
+        solver.train_on(solver.poll())  # steps 0 and 1: done
+    verifier = Trainer(ctx, "verifier")
+    verifier.train_on(verifier.poll())  # step 0 of 2: room for one more verifier batch
+    t0 = time.time()
+    assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 30.0) < 5.0
+    assert w.admission.keep == {"verifier"} and w.admission.feed == {"solver"}
+    assert w.open == {"verifier"}
+    n_solver = traj.count("solver")
+    assert w.produce_batch() == 12  # the verifier's rows
+    assert traj.count("solver") == n_solver and traj.count("verifier") == 5 * 12
+    fed = rollout_metrics(ctx, "solver", w.batches)
+    assert fed["rows"] == 0 and fed["rows_fed"] == 12 and fed["rows_not_started"] == 0
+    assert fed["gen_s"] > 0
+    newest = traj.read_range("verifier", 0, 10**9).to_pylist()[-12:]
+    assert {tuple(json.loads(r["extras"])["roles_played"]) for r in newest} == {
+        ("solver", "verifier")}
 
 
 MP_FLOW = {
