@@ -109,6 +109,23 @@ def measured(ctx: RunContext) -> dict[str, Any]:
             "append_s": statistics.mean(appends) if appends else 0.0}
 
 
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """`key=value` overrides (values as YAML)."""
+    return {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in items)}
+
+
+def version0_from(flow_path: str, run_dir: Path) -> dict[str, Path]:
+    """Each policy's version 0 in an earlier warm start's run folder (its manifest must
+    be there: a half-written one is refused)."""
+    flow = load_flow(flow_path)
+    ctx = RunContext(flow, run_dir)
+    out = {p: Path(ctx.weights_root) / p / "v00000000" for p in flow.policy_names()}
+    missing = [str(d) for d in out.values() if not (d / "MANIFEST.json").exists()]
+    if missing:
+        raise SystemExit(f"--v0-from {run_dir}: no version 0 at {', '.join(missing)}")
+    return out
+
+
 def scale_overrides(flow_path: str, n: int) -> dict[str, Any]:
     """The example flow with 1 (solver alone), 2 (as written) or 4 (3 verifiers) policies."""
     data = yaml.safe_load(Path(flow_path).read_text())
@@ -154,11 +171,21 @@ def main() -> None:
     ap.add_argument("--scale-steps", type=int, default=60, help="steps per scaling run")
     ap.add_argument("--root", default="runs/bench")
     ap.add_argument("--json", help="write all results (and the measured times) here")
+    ap.add_argument("--v0-from", metavar="RUN_DIR", type=Path,
+                    help="take every policy's version 0 from this earlier warm start (e.g. "
+                         "runs/bench/v0-math-solver-verifier) instead of warm-starting: the "
+                         "same weights for runs of two code versions")
+    ap.add_argument("--set", dest="sets", action="append", default=[],
+                    help="flow override for every run, e.g. stop.live_eval_size=50")
+    ap.add_argument("--v0-set", dest="v0_sets", action="append", default=[],
+                    help="flow override for making version 0 only, e.g. "
+                         "policies.0.warm_start.max_steps=150 for a shorter warm start")
     ap.add_argument("--waste-only", action="store_true",
                     help="only the decoupled runs of parts 1 and 3, and their row counts")
     ap.add_argument("--project", metavar="JSON",
                     help="only re-print part 2 from the measured times a --json file saved")
     args = ap.parse_args()
+    args.sets, args.v0_sets = parse_sets(args.sets), parse_sets(args.v0_sets)
     quiet_libraries()
     console = Console(width=200)
     if args.project:
@@ -167,7 +194,8 @@ def main() -> None:
         return
     root = Path(args.root)
     t_all = time.time()
-    v0 = version0(args.flow, root, console)
+    v0 = (version0_from(args.flow, args.v0_from) if args.v0_from
+          else version0(args.flow, root, console, args.v0_sets))
     results: dict[str, Any] = {"compare": [], "scale": []}
 
     console.print("[bold]1. decoupled (async) vs trainer-centred (sync), measured here[/bold]")
@@ -177,7 +205,7 @@ def main() -> None:
         for mode in modes:
             runs[mode] = one_run(args.flow, root, v0, f"mp-{mode}-{lat:.0f}ms",
                                  {"mode": mode, "env.turn_latency_ms": lat,
-                                  "stop.max_steps": args.steps}, console)
+                                  "stop.max_steps": args.steps, **args.sets}, console)
         results["compare"].append({"latency_ms": lat, **runs})
     fates_header(console)
     for r in results["compare"]:
@@ -221,12 +249,13 @@ def scale(console: Console, args: argparse.Namespace, root: Path, v0: dict[str, 
           results: dict[str, Any]) -> None:
     console.print("\n[bold]3. what adding policies costs (decoupled, "
                   f"{args.scale_steps} steps each)[/bold]")
-    for n in [int(x) for x in args.policies.split(",")]:
+    for n in [int(x) for x in args.policies.split(",") if x]:
         over = scale_overrides(args.flow, n)
         names = [p["name"] for p in over.get("policies", [])] or list(v0)
         seeds = {p: v0.get(p, v0.get("verifier")) for p in names}
         s = one_run(args.flow, root, seeds, f"mp-scale-{n}",
-                    {**over, "mode": "async", "stop.max_steps": args.scale_steps}, console)
+                    {**over, "mode": "async", "stop.max_steps": args.scale_steps, **args.sets},
+                    console)
         results["scale"].append({"policies": n, "summary": s})
     console.print("each policy's own steady pace (first to last step); rows = trajectory rows "
                   "its trainer consumed")

@@ -272,9 +272,13 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
     # The test hook holds the verifier's trainer after step 5, mid-interval (a checkpoint
     # follows every 4th step): killed there, the successor must roll back the steps it
     # lost and train their rows again. Polling progress for a window instead races it.
+    # The solver may play alone as far ahead as the run is long (max_lead_batches), so
+    # it has rows to train while the verifier's trainer is down, however far it already
+    # was ahead; the default bound (2) is the subject of the test below.
+    flow = {**MP_FLOW, "rollout": {**MP_FLOW["rollout"], "max_lead_batches": 40}}
     gate = tmp_path / "gate"
-    launcher, run = start_run(tmp_path, MP_FLOW, {"ASTRAFLOW_TEST_PAUSE_AT_STEP": "verifier:5",
-                                                  "ASTRAFLOW_TEST_GATE": str(gate)})
+    launcher, run = start_run(tmp_path, flow, {"ASTRAFLOW_TEST_PAUSE_AT_STEP": "verifier:5",
+                                               "ASTRAFLOW_TEST_GATE": str(gate)})
 
     def step(policy: str) -> int:
         try:
@@ -318,3 +322,71 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
     assert counts["verifier"]["rollbacks"] == 1
     assert counts["verifier"]["voided_steps"] == 2
     assert counts["solver"]["rollbacks"] == 0
+
+
+@pytest.mark.slow
+def test_a_held_back_trainers_policy_is_not_generated_while_the_other_trains(tmp_path):
+    """Real processes, real store: the verifier's trainer is held after step 5 (test
+    hook). The worker fills the verifier's backlog (2 batches), then stops starting its
+    role: the solver plays alone, at most max_lead_batches (2) batches ahead, and keeps
+    training; nothing is generated for the verifier and thrown away. Released, the run
+    finishes every step of both policies with a clean audit."""
+    from tests.test_kill import paused_trainer, start_run, stop_run, wait_until
+
+    flow = {**MP_FLOW, "name": "mpadmit"}
+    batch = flow["rollout"]["prompts_per_batch"] * flow["rollout"]["samples_per_prompt"]
+    gate = tmp_path / "gate"
+    launcher, run = start_run(tmp_path, flow, {"ASTRAFLOW_TEST_PAUSE_AT_STEP": "verifier:5",
+                                               "ASTRAFLOW_TEST_GATE": str(gate),
+                                               "ASTRAFLOW_TEST_PAUSE_S": "1800"})
+
+    def progress(policy: str) -> dict:
+        try:
+            return json.loads((run / "store" / "_progress" / f"{policy}.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {"step": -1}
+
+    def not_started(ctx: RunContext) -> float:
+        return sum(r["value"] for r in ctx.ledger().read_metrics(names=["rows_not_started"])
+                   .to_pylist() if r["policy"] == "verifier")
+
+    try:
+        paused_trainer(gate, "verifier", 5, 600)
+        # The held trainer stalls no one. Its 6 consumed batches + a full backlog of 2: the verifier's table stops at 8
+        # batches, and the solver alone may reach 8 + 2 = 10 (trained through step 9).
+        wait_until(lambda: progress("solver")["step"] >= 9, 600, "the solver training on", run)
+        ctx = RunContext.open(run)
+        wait_until(lambda: not_started(ctx) > 0, 120, "verifier rows not started", run)
+        held_rows = ctx.trajectories().count("verifier")
+        assert held_rows == 8 * batch and progress("verifier")["step"] == 5
+        solver_rows = ctx.trajectories().count("solver")
+        assert 10 * batch <= solver_rows <= 10 * batch + 2 * batch  # backlog: at most 2 more
+        assert solver_rows <= held_rows + 2 * batch  # the lead bound
+        (gate / "release-verifier-5").touch()
+        out, _ = launcher.communicate(timeout=900)
+    finally:
+        stop_run(launcher, run)
+    assert launcher.returncode == 0, out
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "max_steps"
+    ctx = RunContext.open(run)
+    rows = ctx.ledger().read_metrics().to_pylist()
+    batches: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        if r["component"] == "rollout":
+            batches[(r["policy"], r["step"])][r["name"]] = r["value"]
+    assert not any("rows_shed" in m for m in batches.values())
+    held = [m for (p, _), m in batches.items() if p == "verifier" and m["rows_not_started"]]
+    assert held  # batches that played the solver alone...
+    for m in held:  # ...generated nothing for the verifier
+        assert m["rows"] == 0 and m["rows_fed"] == 0 and "gen_s" not in m
+    for p in ("solver", "verifier"):  # every generated row is in its table, or counted as fed
+        appended = sum(m["rows"] for (q, _), m in batches.items() if q == p)
+        assert appended == ctx.trajectories().count(p)
+    assert sum(m["rows_fed"] for (q, _), m in batches.items() if q == "verifier") == 0
+    audit = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(run), "--json"],
+                           capture_output=True, text=True, timeout=300)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    counts = json.loads(audit.stdout)["policies"]
+    for p in ("solver", "verifier"):
+        assert counts[p]["steps"] == 40 and counts[p]["violations"] == 0
+        assert counts[p]["duplicate_rows"] == 0

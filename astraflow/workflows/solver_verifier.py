@@ -10,8 +10,8 @@ The comparison is a tool because the tiny character model did not learn to compa
 digit strings within a warm-start budget, and rewarding any right verdict taught the
 verifier to disagree with the solver; so the verifier learns its working. Rows: the
 solver's answer (mask 1); the verifier's working (mask 1) then the tool transcript
-(mask 0). Held-out judgement accuracy uses a balanced set of right answers and near
-misses, so a verifier that calls everything wrong (or right) scores 50%.
+(mask 0). Held-out judgement accuracy: right answers and near misses, balanced. The
+solver's reward needs no verifier, so it may play alone (`needs`).
 """
 
 from __future__ import annotations
