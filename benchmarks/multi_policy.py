@@ -200,7 +200,7 @@ def main() -> None:
 
     console.print("[bold]1. decoupled (async) vs trainer-centred (sync), measured here[/bold]")
     modes = ("async",) if args.waste_only else ("async", "sync")
-    for lat in [float(x) for x in args.latencies.split(",")]:
+    for lat in [float(x) for x in args.latencies.split(",") if x]:
         runs = {}
         for mode in modes:
             runs[mode] = one_run(args.flow, root, v0, f"mp-{mode}-{lat:.0f}ms",

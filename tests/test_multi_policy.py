@@ -222,20 +222,25 @@ def test_a_closed_policy_is_not_started_and_never_stalls_the_others(tmp_path, ti
 
 
 def test_a_done_trainers_policy_is_played_as_input_only(tmp_path, tiny_policy_dir):
-    """Once the solver's trainer took its last step its rows are never trained: the
+    """A policy whose table already holds the rows of every step its trainer has left
+    (stop.max_steps) is done: a row of it started now would never be trained. The
     verifier still needs the solver's answers, so the solver plays as input only (not
-    appended, counted as rows_fed) instead of holding the verifier for ever."""
-    ctx = make_ctx(tmp_path, tiny_policy_dir, stop={"max_steps": 2})
+    appended, counted as rows_fed) instead of holding the verifier for ever; a done
+    verifier is not started at all."""
+    ctx = make_ctx(tmp_path, tiny_policy_dir, stop={"max_steps": 5})  # max_backlog_batches 4
     traj = ctx.trajectories()
     w = RolloutWorker(ctx, "wA")
     w.refresh_weights()
     for _ in range(4):
         w.produce_batch()
     solver = Trainer(ctx, "solver")
-    for _ in range(2):
-        solver.train_on(solver.poll())  # steps 0 and 1: done
+    for _ in range(4):
+        solver.train_on(solver.poll())  # 1 step left, nothing queued: the solver alone
+    w.wait_for_room(should_stop=lambda: False)
+    assert w.admission.keep == {"solver"} and not w.admission.feed
+    assert w.produce_batch() == 12  # its last step's rows: done
     verifier = Trainer(ctx, "verifier")
-    verifier.train_on(verifier.poll())  # step 0 of 2: room for one more verifier batch
+    verifier.train_on(verifier.poll())  # 4 steps left, 3 batches queued: one more needed
     t0 = time.time()
     assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 30.0) < 5.0
     assert w.admission.keep == {"verifier"} and w.admission.feed == {"solver"}
@@ -249,6 +254,9 @@ def test_a_done_trainers_policy_is_played_as_input_only(tmp_path, tiny_policy_di
     newest = traj.read_range("verifier", 0, 10**9).to_pylist()[-12:]
     assert {tuple(json.loads(r["extras"])["roles_played"]) for r in newest} == {
         ("solver", "verifier")}
+    t0 = time.time()  # both done: every row they will train is in their tables
+    assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 1.0) >= 1.0
+    assert w.admission.play == frozenset()
 
 
 MP_FLOW = {
@@ -275,7 +283,8 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
     # The solver may play alone as far ahead as the run is long (max_lead_batches), so
     # it has rows to train while the verifier's trainer is down, however far it already
     # was ahead; the default bound (2) is the subject of the test below.
-    flow = {**MP_FLOW, "rollout": {**MP_FLOW["rollout"], "max_lead_batches": 40}}
+    flow = {**MP_FLOW, "rollout": {**MP_FLOW["rollout"], "max_lead_batches": 40},
+            "stop": {**MP_FLOW["stop"], "max_minutes": 30}}  # a loaded machine: steps decide
     gate = tmp_path / "gate"
     launcher, run = start_run(tmp_path, flow, {"ASTRAFLOW_TEST_PAUSE_AT_STEP": "verifier:5",
                                                "ASTRAFLOW_TEST_GATE": str(gate)})
@@ -287,13 +296,13 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
             return -1
 
     try:
-        pid = paused_trainer(gate, "verifier", 5, 240)
+        pid = paused_trainer(gate, "verifier", 5, 900)
         assert pid == pid_of(run, "trainer-verifier") and step("verifier") == 5
         os.kill(pid, signal.SIGKILL)
         t_kill = time.time()
-        wait_until(lambda: pid_of(run, "trainer-verifier") not in (None, pid), 60, "restart", run)
-        wait_until(lambda: step("verifier") > 5, 120, "verifier resumed", run)
-        out, _ = launcher.communicate(timeout=400)
+        wait_until(lambda: pid_of(run, "trainer-verifier") not in (None, pid), 300, "restart", run)
+        wait_until(lambda: step("verifier") > 5, 600, "verifier resumed", run)
+        out, _ = launcher.communicate(timeout=1200)
     finally:
         stop_run(launcher, run)
     assert launcher.returncode == 0, out
@@ -311,7 +320,7 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
     assert set(summary["policies"]) == {"solver", "verifier"}
     assert summary["policies"]["verifier"]["metric"] == "judgement accuracy"
     audit = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(run), "--json"],
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=600)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     counts = json.loads(audit.stdout)["policies"]
     for p in ("solver", "verifier"):
@@ -333,7 +342,8 @@ def test_a_held_back_trainers_policy_is_not_generated_while_the_other_trains(tmp
     finishes every step of both policies with a clean audit."""
     from tests.test_kill import paused_trainer, start_run, stop_run, wait_until
 
-    flow = {**MP_FLOW, "name": "mpadmit"}
+    flow = {**MP_FLOW, "name": "mpadmit",
+            "stop": {**MP_FLOW["stop"], "max_minutes": 30}}  # a loaded machine: steps decide
     batch = flow["rollout"]["prompts_per_batch"] * flow["rollout"]["samples_per_prompt"]
     gate = tmp_path / "gate"
     launcher, run = start_run(tmp_path, flow, {"ASTRAFLOW_TEST_PAUSE_AT_STEP": "verifier:5",

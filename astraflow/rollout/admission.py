@@ -5,7 +5,7 @@ the batch's <= `max_backlog_batches` batches) and its weights trail the newest b
 `max_weight_lag`. A closed policy's roles are not started: nothing is generated for them,
 so nothing is thrown away. A role plays only with the roles it reads (`Workflow.needs`:
 the verifier judges the solver's answer): a needed role whose policy is closed holds it
-back; one whose policy is *done* (its trainer took its last step) is played as input
+back; one whose policy is *done* (its trainer needs no more rows) is played as input
 only, not appended (`rows_fed`). A role played while a role reading it is held (the
 solver alone) runs at most `max_lead_batches` batches ahead of that role's policy: in a
 run of fixed steps each batch of lead is later fed as input only.
@@ -24,9 +24,14 @@ class PolicyState:
     open: bool
     """The batch's rows fit its backlog bound and its weights are fresh enough."""
     done: bool = False
-    """Its trainer took its last step (`stop.max_steps`): no row of it is trained again."""
+    """Its trainer needs no more rows: it took its last step (`stop.max_steps`), or the
+    rows already in its table cover every step it has left."""
     batches: float = 0.0
-    """Batches its table holds (rows / one batch's rows), for the lead bound."""
+    """Batches its table holds (rows / one batch's rows), at most: for the lead bound
+    of a role that would play alone."""
+    batches_min: float | None = None
+    """Batches its table holds, at least (a count that never counts a moving row
+    twice): for the lead bound of the held role. None: `batches`."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,8 @@ def admit(roles: Sequence[str], cast: Mapping[str, str],
             for d in roles:
                 if (r in needs(d) and d not in keep and d not in done
                         and cast[d] != cast[r]
-                        and states[cast[r]].batches - states[cast[d]].batches + 1 > max_lead):
+                        and states[cast[r]].batches - _at_least(states[cast[d]]) + 1
+                        > max_lead):
                     keep.discard(r)
                     break
         if keep == before:
@@ -82,6 +88,10 @@ def admit(roles: Sequence[str], cast: Mapping[str, str],
                 feed.add(n)
                 todo.append(n)
     return Admission(frozenset(keep), frozenset(feed))
+
+
+def _at_least(state: PolicyState) -> float:
+    return state.batches if state.batches_min is None else state.batches_min
 
 
 def rows_not_started(roles: Sequence[str], cast: Mapping[str, str], played: frozenset[str],

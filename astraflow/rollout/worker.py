@@ -36,7 +36,7 @@ from astraflow.rollout.admission import Admission, PolicyState, admit, fits, row
 from astraflow.rollout.engine import make_engine
 from astraflow.rollout.generation import Engine, Generation, generate_with_stops
 from astraflow.rollout.sampler import TaskSampler
-from astraflow.stores import TamperedWeights, WeightError
+from astraflow.stores import TamperedWeights, WeightError, retry
 from astraflow.workflows import Workflow
 from astraflow.workflows.workload import make_env, make_workflow
 
@@ -202,14 +202,36 @@ class RolloutWorker:
             self.newest[policy] = progress.weight_version
         held, newest = self.versions[policy], self.newest[policy]
         lag = 0 if newest is None or held is None else newest - held
-        rows = self.traj.count(policy)
-        backlog = rows - (progress.rows_consumed if progress else 0)
+        # Two counts: one that may count a moving row twice (the backlog, erring toward
+        # closed), one that may miss it (erring toward "more rows needed").
+        rows, rows_min = self.traj.count(policy), self.rows_at_least(policy)
+        consumed = progress.rows_consumed if progress else 0
         incoming = self.batch_rows[policy] if incoming is None else incoming
+        # Predicted closure for good: the rows already in its table cover every step
+        # its trainer has left, so a row started now would never be trained.
+        steps_left = self.ctx.flow.stop.max_steps - (progress.step + 1 if progress else 0)
         return PolicyState(
             open=(held is not None and lag <= self.ctx.flow.rollout.max_weight_lag
-                  and fits(backlog, incoming, self.backlog_limit[policy])),
-            done=progress is not None and progress.step + 1 >= self.ctx.flow.stop.max_steps,
-            batches=rows / self.batch_rows[policy])
+                  and fits(rows - consumed, incoming, self.backlog_limit[policy])),
+            done=rows_min - consumed >= steps_left * self.batch_rows[policy],
+            batches=rows / self.batch_rows[policy],
+            batches_min=rows_min / self.batch_rows[policy])
+
+    def rows_at_least(self, policy: str) -> int:
+        """`policy`'s rows, a lower bound: `TrajectoryStore.count` may count a row that
+        moves (staged → table → archive) twice for a moment; reading each place before
+        the one its rows move from may miss it for a moment instead, never count it twice."""
+        def rows(table) -> int:
+            table.checkout_latest()
+            return int(table.count_rows())
+
+        where = f"table {policy!r} at {self.traj.uri}"
+        arch = self.traj.archive(policy)
+        old = 0 if arch is None else retry.call(lambda: rows(arch), what=f"retired rows of {where}",
+                                                 budget_s=self.traj.budget_s)
+        live = retry.call(lambda: rows(self.traj.table(policy)), what=f"rows of {where}",
+                          budget_s=self.traj.budget_s)
+        return old + live + self.traj.pending(policy)
 
     def room(self, policy: str, incoming: int = 1) -> bool:
         """Whether `policy` takes `incoming` more rows now (the endpoint's check: it
