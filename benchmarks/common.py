@@ -93,3 +93,54 @@ def time_to(summary: dict[str, Any], target: float) -> float | None:
         if e["accuracy"].get(summary["policy"], 0.0) >= target:
             return e["t"]
     return None
+
+
+def row_fates(ctx: RunContext) -> dict[str, dict[str, float]]:
+    """Per policy, what became of every row the workers generated (counts, so valid on a
+    loaded machine). generated = appended + shed (workers before issue 36 threw a closed
+    policy's finished rows away) + fed (generated only as another role's input, its own
+    trainer done); trained = used by a step. Never trained, system waste: shed, fed,
+    stale (dropped by the staleness stage) and left (appended, never read before the run
+    stopped). Filtered rows (zero-variance groups) are an algorithmic choice, reported
+    apart. not_started: rows the workers did not generate for a closed policy."""
+    metrics = ctx.ledger().read_metrics().to_pylist()
+    entries = ctx.ledger().entries()
+    out = {}
+    for p in ctx.flow.policy_names():
+        def total(name: str, p: str = p) -> int:
+            return int(sum(r["value"] for r in metrics
+                           if r["component"] == "rollout" and r["policy"] == p
+                           and r["name"] == name))
+        mine = [e for e in entries if e.policy == p]
+        appended = ctx.trajectories().count(p)
+        f = {"appended": appended, "shed": total("rows_shed"), "fed": total("rows_fed"),
+             "not_started": total("rows_not_started"),
+             "read": sum(e.rows_read for e in mine), "trained": sum(e.rows_used for e in mine),
+             "stale": sum(e.rows_stale for e in mine),
+             "filtered": sum(e.rows_filtered for e in mine)}
+        f["left"] = appended - f["read"]
+        f["generated"] = appended + f["shed"] + f["fed"]
+        f["waste"] = f["shed"] + f["fed"] + f["stale"] + f["left"]
+        f["waste_frac"] = f["waste"] / f["generated"] if f["generated"] else 0.0
+        out[p] = f
+    return out
+
+
+def fates_table(console: Console, label: str, fates: dict[str, dict[str, float]]) -> None:
+    """One line per policy of `row_fates`, and the run's total waste fraction."""
+    cols = ("generated", "trained", "filtered", "shed", "fed", "stale", "left", "not_started")
+    for p, f in fates.items():
+        console.print(f"{label:>22} {p:>10} " + " ".join(f"{int(f[c]):>11}" for c in cols)
+                      + f" {f['waste_frac']:>7.1%}")
+    gen = sum(f["generated"] for f in fates.values())
+    waste = sum(f["waste"] for f in fates.values())
+    console.print(f"{label:>22} {'all':>10} {int(gen):>11} {'':>83} "
+                  f"{waste / gen if gen else 0.0:>7.1%}")
+
+
+def fates_header(console: Console) -> None:
+    console.print("rows per policy (counts): waste = shed + fed + stale + left, over generated; "
+                  "filtered (zero-variance groups) is algorithmic, not counted")
+    cols = ("generated", "trained", "filtered", "shed", "fed", "stale", "left", "not_started")
+    console.print(f"{'run':>22} {'policy':>10} " + " ".join(f"{c:>11}" for c in cols)
+                  + f" {'waste':>7}")

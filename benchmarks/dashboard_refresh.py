@@ -40,8 +40,8 @@ from astraflow.stores import _lance
 TRAINER = ["reward_mean", "trainer_wait_s", "rows_read", "rows_used", "rows_dropped_stale",
            "staleness_mean", "loss", "clip_frac", "ratio_mean", "approx_kl", "dual_clip_frac",
            "tokens", "grad_norm", "entropy", "step_time_s", "weight_version"]
-ROLLOUT = ["gen_s", "env_wait_s", "append_s", "batch_s", "backpressure_s", "rows", "rows_shed",
-           "reload_s", "reward_mean", "truncated_frac", "tool_s"]
+ROLLOUT = ["gen_s", "env_wait_s", "append_s", "batch_s", "backpressure_s", "rows",
+           "rows_not_started", "rows_fed", "reload_s", "reward_mean", "truncated_frac", "tool_s"]
 
 
 def main() -> None:

@@ -22,6 +22,12 @@
 3. What adding policies costs. 1, 2 and 4 policies (solver alone; solver +
    verifier; solver + 3 verifiers), decoupled, same steps: throughput per policy.
 
+After parts 1 and 3, what became of the rows of every run, per policy (counts, valid
+on a loaded machine; benchmarks/common.py `row_fates`): generated, trained, filtered,
+and never trained (shed, fed as input only, stale, left unread at the stop) with their
+share of the generated rows. `--waste-only` runs just the decoupled runs of parts 1
+and 3 and prints those counts (no timing claims).
+
 On 2 shared cores pure compute cannot overlap profitably (DESIGN.md), so part 1
 alone cannot show the paper's ratio; part 2 says what these step times imply on
 separate hardware.
@@ -38,7 +44,15 @@ from typing import Any
 
 import cluster_projection as cluster_sim
 import yaml
-from common import run_from_version0, steady_rates, time_to, version0
+from common import (
+    fates_header,
+    fates_table,
+    row_fates,
+    run_from_version0,
+    steady_rates,
+    time_to,
+    version0,
+)
 from rich.console import Console
 
 from astraflow.config.loader import load_flow
@@ -52,6 +66,7 @@ def one_run(flow_path: str, root: Path, v0: dict[str, Path], name: str, override
         "stop.live_eval_size": 200, **overrides, "name": name})
     summary["measured"] = measured(ctx)
     summary["steady"] = steady_rates(ctx)
+    summary["fates"] = row_fates(ctx)
     # An iteration is one step of every policy: the slowest policy's steady pace sets it.
     summary["s_per_iteration"] = max(1 / v["steps_per_s"] for v in summary["steady"].values())
     pol = summary["policies"]
@@ -92,6 +107,23 @@ def measured(ctx: RunContext) -> dict[str, Any]:
     appends = [r["value"] for r in rows if r["component"] == "rollout" and r["name"] == "append_s"]
     return {"policies": pols, "env_wait_s": ctx.flow.env.turn_latency_ms / 1000.0,
             "append_s": statistics.mean(appends) if appends else 0.0}
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """`key=value` overrides (values as YAML)."""
+    return {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in items)}
+
+
+def version0_from(flow_path: str, run_dir: Path) -> dict[str, Path]:
+    """Each policy's version 0 in an earlier warm start's run folder (its manifest must
+    be there: a half-written one is refused)."""
+    flow = load_flow(flow_path)
+    ctx = RunContext(flow, run_dir)
+    out = {p: Path(ctx.weights_root) / p / "v00000000" for p in flow.policy_names()}
+    missing = [str(d) for d in out.values() if not (d / "MANIFEST.json").exists()]
+    if missing:
+        raise SystemExit(f"--v0-from {run_dir}: no version 0 at {', '.join(missing)}")
+    return out
 
 
 def scale_overrides(flow_path: str, n: int) -> dict[str, Any]:
@@ -139,9 +171,21 @@ def main() -> None:
     ap.add_argument("--scale-steps", type=int, default=60, help="steps per scaling run")
     ap.add_argument("--root", default="runs/bench")
     ap.add_argument("--json", help="write all results (and the measured times) here")
+    ap.add_argument("--v0-from", metavar="RUN_DIR", type=Path,
+                    help="take every policy's version 0 from this earlier warm start (e.g. "
+                         "runs/bench/v0-math-solver-verifier) instead of warm-starting: the "
+                         "same weights for runs of two code versions")
+    ap.add_argument("--set", dest="sets", action="append", default=[],
+                    help="flow override for every run, e.g. stop.live_eval_size=50")
+    ap.add_argument("--v0-set", dest="v0_sets", action="append", default=[],
+                    help="flow override for making version 0 only, e.g. "
+                         "policies.0.warm_start.max_steps=150 for a shorter warm start")
+    ap.add_argument("--waste-only", action="store_true",
+                    help="only the decoupled runs of parts 1 and 3, and their row counts")
     ap.add_argument("--project", metavar="JSON",
                     help="only re-print part 2 from the measured times a --json file saved")
     args = ap.parse_args()
+    args.sets, args.v0_sets = parse_sets(args.sets), parse_sets(args.v0_sets)
     quiet_libraries()
     console = Console(width=200)
     if args.project:
@@ -150,17 +194,33 @@ def main() -> None:
         return
     root = Path(args.root)
     t_all = time.time()
-    v0 = version0(args.flow, root, console)
+    v0 = (version0_from(args.flow, args.v0_from) if args.v0_from
+          else version0(args.flow, root, console, args.v0_sets))
     results: dict[str, Any] = {"compare": [], "scale": []}
 
     console.print("[bold]1. decoupled (async) vs trainer-centred (sync), measured here[/bold]")
-    for lat in [float(x) for x in args.latencies.split(",")]:
+    modes = ("async",) if args.waste_only else ("async", "sync")
+    for lat in [float(x) for x in args.latencies.split(",") if x]:
         runs = {}
-        for mode in ("async", "sync"):
+        for mode in modes:
             runs[mode] = one_run(args.flow, root, v0, f"mp-{mode}-{lat:.0f}ms",
                                  {"mode": mode, "env.turn_latency_ms": lat,
-                                  "stop.max_steps": args.steps}, console)
+                                  "stop.max_steps": args.steps, **args.sets}, console)
         results["compare"].append({"latency_ms": lat, **runs})
+    fates_header(console)
+    for r in results["compare"]:
+        for mode in modes:
+            fates_table(console, f"{mode} {r['latency_ms']:.0f}ms", r[mode]["fates"])
+    if not args.waste_only:
+        compare_table(console, args, results)
+        results["projection"] = projection(console, load_flow(args.flow), results["compare"])
+    scale(console, args, root, v0, results)
+    console.print(f"\nbenchmark wall time {time.time() - t_all:.0f}s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+
+
+def compare_table(console: Console, args: argparse.Namespace, results: dict[str, Any]) -> None:
     console.print(f"\nsame flow and v0, {args.steps} steps of each policy per run; iteration = one "
                   f"step of every policy; ratio = sync / async (>1: decoupled faster); env wait "
                   f"is MODELLED (a sleep per turn); 2 shared CPU cores")
@@ -184,16 +244,18 @@ def main() -> None:
     console.print("version 0: " + ", ".join(f"{p} {v['metric']} {v['accuracy_v0']:.1%}"
                                             for p, v in v0acc.items()))
 
-    results["projection"] = projection(console, load_flow(args.flow), results["compare"])
 
+def scale(console: Console, args: argparse.Namespace, root: Path, v0: dict[str, Path],
+          results: dict[str, Any]) -> None:
     console.print("\n[bold]3. what adding policies costs (decoupled, "
                   f"{args.scale_steps} steps each)[/bold]")
-    for n in [int(x) for x in args.policies.split(",")]:
+    for n in [int(x) for x in args.policies.split(",") if x]:
         over = scale_overrides(args.flow, n)
         names = [p["name"] for p in over.get("policies", [])] or list(v0)
         seeds = {p: v0.get(p, v0.get("verifier")) for p in names}
         s = one_run(args.flow, root, seeds, f"mp-scale-{n}",
-                    {**over, "mode": "async", "stop.max_steps": args.scale_steps}, console)
+                    {**over, "mode": "async", "stop.max_steps": args.scale_steps, **args.sets},
+                    console)
         results["scale"].append({"policies": n, "summary": s})
     console.print("each policy's own steady pace (first to last step); rows = trajectory rows "
                   "its trainer consumed")
@@ -205,9 +267,9 @@ def main() -> None:
         for p, v in s["steady"].items():
             console.print(f"{r['policies']:>8} {p:>11} {v['rows_per_s']:>8.0f} "
                           f"{v['steps_per_s']:>8.2f} {s['s_per_iteration']:>11.3f} {total:>12.0f}")
-    console.print(f"\nbenchmark wall time {time.time() - t_all:.0f}s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    fates_header(console)
+    for r in results["scale"]:
+        fates_table(console, f"async {r['policies']} policies", r["summary"]["fates"])
 
 
 if __name__ == "__main__":

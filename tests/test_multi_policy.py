@@ -166,8 +166,14 @@ def test_sync_baseline_steps_every_policy_each_iteration(tmp_path, tiny_policy_d
         assert ctx.checkpoints().latest(p) is not None
 
 
-def test_a_full_policy_sheds_its_rows_and_never_stalls_the_others(tmp_path, tiny_policy_dir):
-    ctx = make_ctx(tmp_path, tiny_policy_dir)  # max_backlog_batches: 4
+def rollout_metrics(ctx: RunContext, policy: str, batch: int) -> dict[str, float]:
+    """The rollout metrics one worker batch logged for `policy`."""
+    return {r["name"]: r["value"] for r in ctx.ledger().read_metrics().to_pylist()
+            if r["component"] == "rollout" and r["policy"] == policy and r["step"] == batch}
+
+
+def test_a_closed_policy_is_not_started_and_never_stalls_the_others(tmp_path, tiny_policy_dir):
+    ctx = make_ctx(tmp_path, tiny_policy_dir)  # max_backlog_batches: 4, max_lead_batches: 2
     traj = ctx.trajectories()
     w = RolloutWorker(ctx, "wA")
     w.refresh_weights()
@@ -175,17 +181,82 @@ def test_a_full_policy_sheds_its_rows_and_never_stalls_the_others(tmp_path, tiny
         w.produce_batch()
     t0 = time.time()
     assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 1.0) >= 1.0  # all full: wait
+    assert w.admission.play == frozenset()
     solver = Trainer(ctx, "solver")  # the verifier's trainer is down; the solver's trains
     solver.train_on(solver.poll())
     t0 = time.time()
     assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 30.0) < 5.0
-    assert w.open == {"solver"}
+    assert w.admission.keep == {"solver"} and not w.admission.feed and w.open == {"solver"}
     before = traj.count("verifier")
-    assert w.produce_batch() == 12  # the solver's rows only
+    assert w.produce_batch() == 12  # the solver's rows only...
     assert traj.count("verifier") == before and traj.count("solver") == 5 * 12
-    shed = [r for r in ctx.ledger().read_metrics(names=["rows_shed"]).to_pylist()
-            if r["policy"] == "verifier"]
-    assert [r["value"] for r in shed][-1] == 12
+    held = rollout_metrics(ctx, "verifier", w.batches)
+    # ...and the verifier generated nothing: not started, rather than generated and shed.
+    assert held["rows"] == 0 and held["rows_not_started"] == 12 and held["rows_fed"] == 0
+    assert "gen_s" not in held
+    assert rollout_metrics(ctx, "solver", w.batches)["rows_not_started"] == 0
+    newest = traj.read_range("solver", 0, 10**9).to_pylist()[-12:]
+    env, codec = MathEnv(digits=2), CharCodec.default()
+    for r in newest:  # the solver's reward means what it always means: the answer is right
+        assert json.loads(r["extras"])["roles_played"] == ["solver"]
+        task = env._task(int(r["task_id"][:2]), int(r["task_id"][3:]))
+        assert r["reward"] == env.reward(task, codec.decode(r["completion_ids"]))
+
+    # The lead bound: with the verifier held, the solver plays alone at most
+    # max_lead_batches (2) batches beyond the verifier's table (4 batches): one more.
+    for _ in range(3):
+        solver.train_on(solver.poll())  # room in the solver's backlog: only the lead binds
+    w.wait_for_room(should_stop=lambda: False)
+    assert w.admission.keep == {"solver"}
+    w.produce_batch()
+    assert traj.count("solver") == 6 * 12
+    t0 = time.time()
+    assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 1.0) >= 1.0
+    assert w.admission.play == frozenset()
+    verifier = Trainer(ctx, "verifier")  # the verifier's trainer catches up one step
+    verifier.train_on(verifier.poll())
+    t0 = time.time()
+    assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 30.0) < 5.0
+    assert w.admission.keep == {"solver", "verifier"}
+    assert w.produce_batch() == 24
+
+
+def test_a_done_trainers_policy_is_played_as_input_only(tmp_path, tiny_policy_dir):
+    """A policy whose table already holds the rows of every step its trainer has left
+    (stop.max_steps) is done: a row of it started now would never be trained. The
+    verifier still needs the solver's answers, so the solver plays as input only (not
+    appended, counted as rows_fed) instead of holding the verifier for ever; a done
+    verifier is not started at all."""
+    ctx = make_ctx(tmp_path, tiny_policy_dir, stop={"max_steps": 5})  # max_backlog_batches 4
+    traj = ctx.trajectories()
+    w = RolloutWorker(ctx, "wA")
+    w.refresh_weights()
+    for _ in range(4):
+        w.produce_batch()
+    solver = Trainer(ctx, "solver")
+    for _ in range(4):
+        solver.train_on(solver.poll())  # 1 step left, nothing queued: the solver alone
+    w.wait_for_room(should_stop=lambda: False)
+    assert w.admission.keep == {"solver"} and not w.admission.feed
+    assert w.produce_batch() == 12  # its last step's rows: done
+    verifier = Trainer(ctx, "verifier")
+    verifier.train_on(verifier.poll())  # 4 steps left, 3 batches queued: one more needed
+    t0 = time.time()
+    assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 30.0) < 5.0
+    assert w.admission.keep == {"verifier"} and w.admission.feed == {"solver"}
+    assert w.open == {"verifier"}
+    n_solver = traj.count("solver")
+    assert w.produce_batch() == 12  # the verifier's rows
+    assert traj.count("solver") == n_solver and traj.count("verifier") == 5 * 12
+    fed = rollout_metrics(ctx, "solver", w.batches)
+    assert fed["rows"] == 0 and fed["rows_fed"] == 12 and fed["rows_not_started"] == 0
+    assert fed["gen_s"] > 0
+    newest = traj.read_range("verifier", 0, 10**9).to_pylist()[-12:]
+    assert {tuple(json.loads(r["extras"])["roles_played"]) for r in newest} == {
+        ("solver", "verifier")}
+    t0 = time.time()  # both done: every row they will train is in their tables
+    assert w.wait_for_room(should_stop=lambda: time.time() - t0 > 1.0) >= 1.0
+    assert w.admission.play == frozenset()
 
 
 MP_FLOW = {
@@ -209,9 +280,14 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
     # The test hook holds the verifier's trainer after step 5, mid-interval (a checkpoint
     # follows every 4th step): killed there, the successor must roll back the steps it
     # lost and train their rows again. Polling progress for a window instead races it.
+    # The solver may play alone as far ahead as the run is long (max_lead_batches), so
+    # it has rows to train while the verifier's trainer is down, however far it already
+    # was ahead; the default bound (2) is the subject of the test below.
+    flow = {**MP_FLOW, "rollout": {**MP_FLOW["rollout"], "max_lead_batches": 40},
+            "stop": {**MP_FLOW["stop"], "max_minutes": 30}}  # a loaded machine: steps decide
     gate = tmp_path / "gate"
-    launcher, run = start_run(tmp_path, MP_FLOW, {"ASTRAFLOW_TEST_PAUSE_AT_STEP": "verifier:5",
-                                                  "ASTRAFLOW_TEST_GATE": str(gate)})
+    launcher, run = start_run(tmp_path, flow, {"ASTRAFLOW_TEST_PAUSE_AT_STEP": "verifier:5",
+                                               "ASTRAFLOW_TEST_GATE": str(gate)})
 
     def step(policy: str) -> int:
         try:
@@ -220,13 +296,13 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
             return -1
 
     try:
-        pid = paused_trainer(gate, "verifier", 5, 240)
+        pid = paused_trainer(gate, "verifier", 5, 900)
         assert pid == pid_of(run, "trainer-verifier") and step("verifier") == 5
         os.kill(pid, signal.SIGKILL)
         t_kill = time.time()
-        wait_until(lambda: pid_of(run, "trainer-verifier") not in (None, pid), 60, "restart", run)
-        wait_until(lambda: step("verifier") > 5, 120, "verifier resumed", run)
-        out, _ = launcher.communicate(timeout=400)
+        wait_until(lambda: pid_of(run, "trainer-verifier") not in (None, pid), 300, "restart", run)
+        wait_until(lambda: step("verifier") > 5, 600, "verifier resumed", run)
+        out, _ = launcher.communicate(timeout=1200)
     finally:
         stop_run(launcher, run)
     assert launcher.returncode == 0, out
@@ -244,7 +320,7 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
     assert set(summary["policies"]) == {"solver", "verifier"}
     assert summary["policies"]["verifier"]["metric"] == "judgement accuracy"
     audit = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(run), "--json"],
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=600)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     counts = json.loads(audit.stdout)["policies"]
     for p in ("solver", "verifier"):
@@ -255,3 +331,72 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
     assert counts["verifier"]["rollbacks"] == 1
     assert counts["verifier"]["voided_steps"] == 2
     assert counts["solver"]["rollbacks"] == 0
+
+
+@pytest.mark.slow
+def test_a_held_back_trainers_policy_is_not_generated_while_the_other_trains(tmp_path):
+    """Real processes, real store: the verifier's trainer is held after step 5 (test
+    hook). The worker fills the verifier's backlog (2 batches), then stops starting its
+    role: the solver plays alone, at most max_lead_batches (2) batches ahead, and keeps
+    training; nothing is generated for the verifier and thrown away. Released, the run
+    finishes every step of both policies with a clean audit."""
+    from tests.test_kill import paused_trainer, start_run, stop_run, wait_until
+
+    flow = {**MP_FLOW, "name": "mpadmit",
+            "stop": {**MP_FLOW["stop"], "max_minutes": 30}}  # a loaded machine: steps decide
+    batch = flow["rollout"]["prompts_per_batch"] * flow["rollout"]["samples_per_prompt"]
+    gate = tmp_path / "gate"
+    launcher, run = start_run(tmp_path, flow, {"ASTRAFLOW_TEST_PAUSE_AT_STEP": "verifier:5",
+                                               "ASTRAFLOW_TEST_GATE": str(gate),
+                                               "ASTRAFLOW_TEST_PAUSE_S": "1800"})
+
+    def progress(policy: str) -> dict:
+        try:
+            return json.loads((run / "store" / "_progress" / f"{policy}.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {"step": -1}
+
+    def not_started(ctx: RunContext) -> float:
+        return sum(r["value"] for r in ctx.ledger().read_metrics(names=["rows_not_started"])
+                   .to_pylist() if r["policy"] == "verifier")
+
+    try:
+        paused_trainer(gate, "verifier", 5, 600)
+        # The held trainer stalls no one. Its 6 consumed batches + a full backlog of 2: the verifier's table stops at 8
+        # batches, and the solver alone may reach 8 + 2 = 10 (trained through step 9).
+        wait_until(lambda: progress("solver")["step"] >= 9, 600, "the solver training on", run)
+        ctx = RunContext.open(run)
+        wait_until(lambda: not_started(ctx) > 0, 120, "verifier rows not started", run)
+        held_rows = ctx.trajectories().count("verifier")
+        assert held_rows == 8 * batch and progress("verifier")["step"] == 5
+        solver_rows = ctx.trajectories().count("solver")
+        assert 10 * batch <= solver_rows <= 10 * batch + 2 * batch  # backlog: at most 2 more
+        assert solver_rows <= held_rows + 2 * batch  # the lead bound
+        (gate / "release-verifier-5").touch()
+        out, _ = launcher.communicate(timeout=900)
+    finally:
+        stop_run(launcher, run)
+    assert launcher.returncode == 0, out
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "max_steps"
+    ctx = RunContext.open(run)
+    rows = ctx.ledger().read_metrics().to_pylist()
+    batches: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        if r["component"] == "rollout":
+            batches[(r["policy"], r["step"])][r["name"]] = r["value"]
+    assert not any("rows_shed" in m for m in batches.values())
+    held = [m for (p, _), m in batches.items() if p == "verifier" and m["rows_not_started"]]
+    assert held  # batches that played the solver alone...
+    for m in held:  # ...generated nothing for the verifier
+        assert m["rows"] == 0 and m["rows_fed"] == 0 and "gen_s" not in m
+    for p in ("solver", "verifier"):  # every generated row is in its table, or counted as fed
+        appended = sum(m["rows"] for (q, _), m in batches.items() if q == p)
+        assert appended == ctx.trajectories().count(p)
+    assert sum(m["rows_fed"] for (q, _), m in batches.items() if q == "verifier") == 0
+    audit = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(run), "--json"],
+                           capture_output=True, text=True, timeout=300)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    counts = json.loads(audit.stdout)["policies"]
+    for p in ("solver", "verifier"):
+        assert counts[p]["steps"] == 40 and counts[p]["violations"] == 0
+        assert counts[p]["duplicate_rows"] == 0

@@ -56,9 +56,18 @@ class RolloutSpec(Spec):
     """Longest prompt; a longer one stops the worker with a clear error instead of
     being cut silently. Default: no limit."""
     max_backlog_batches: int = Field(2, ge=1)
-    """Backpressure: a worker waits while this many unconsumed batches are queued."""
+    """Backpressure: a worker starts a batch for a policy only if that policy's unconsumed
+    rows plus the batch's stay within this many batches; a closed policy's roles are not
+    started (several policies: the others play on)."""
     max_weight_lag: int = Field(4, ge=0)
     """A worker stops producing when its loaded weights trail the newest by more."""
+    max_lead_batches: int = Field(2, ge=0)
+    """Several policies whose roles read each other's turns (`solver_verifier`: the
+    verifier judges the solver's answer): while a role that reads another's turn is
+    held back (its policy closed), the other may play alone for at most this many
+    batches more than the held one's policy has. In a run of fixed steps each such
+    batch is later one the held policy needs as input only, when the other's trainer
+    is done (generated, never trained). 0: those roles play only together."""
     threads: int = Field(1, ge=1)
     """Torch intra-op threads per worker process."""
     skip_solved_versions: int = Field(0, ge=0)

@@ -48,7 +48,10 @@ def policy_summary(view: RunView, policy: str) -> dict[str, Any]:
         "rows_per_s": sum(rows) / span if span > 0 else None,
         "staleness": get("trainer", policy, "staleness_mean").last(),
         "trainer_wait": sum(waits) / span if span > 0 else None,
-        "rows_shed": sum(get("rollout", policy, "rows_shed").values),
+        # Rows the workers did not start for this policy (closed: its trainer behind) and
+        # rows they generated only as another role's input (its trainer done).
+        "rows_not_started": sum(get("rollout", policy, "rows_not_started").values),
+        "rows_fed": sum(get("rollout", policy, "rows_fed").values),
         "trajectory_rows": len(view.rows[policy].times),
     }
 
@@ -66,7 +69,7 @@ def render(view: RunView) -> Group:
     flow = view.ctx.flow
     pols = Table(title=f"{flow.name} ({flow.mode}) · {view.ctx.store_uri}", title_justify="left")
     for col in ("policy", "step", "version", "reward", "held-out", "rows/s", "staleness",
-                "trainer wait", "rows", "shed"):
+                "trainer wait", "rows", "not started", "fed"):
         pols.add_column(col, justify="left" if col == "policy" else "right")
     for p in view.policies:
         s = policy_summary(view, p)
@@ -80,7 +83,8 @@ def render(view: RunView) -> Group:
             "—" if s["rows_per_s"] is None else f"{s['rows_per_s']:.1f}",
             "—" if s["staleness"] is None else f"{s['staleness']:.2f}",
             "—" if s["trainer_wait"] is None else f"{s['trainer_wait']:.0%}",
-            _rows(s["trajectory_rows"], view.staged(p)), str(int(s["rows_shed"])))
+            _rows(s["trajectory_rows"], view.staged(p)), str(int(s["rows_not_started"])),
+            str(int(s["rows_fed"])))
     parts: list[Any] = [pols]
     comps = Table(title="components", title_justify="left")
     for col in ("component", "state", "pid", "restarts", "last exits"):

@@ -6,12 +6,13 @@
         ──► one Part per policy per episode ──► traj_<policy> (one commit per table)
 
 It serves every policy the workflow casts and reloads each when its trainer publishes.
-A policy is *open* while its unconsumed backlog is under `max_backlog_batches` batches
-and the worker's weights trail the newest version by at most `max_weight_lag`. The
-worker waits while no policy is open; otherwise it runs the episodes and appends each
-open policy's rows, shedding a closed policy's (`rows_shed`), so one slow trainer
-neither stalls the others nor buries itself in stale rows. Kill it at any instant:
-nothing is lost but the batch it had not committed.
+Before each batch it decides which roles to play (astraflow/rollout/admission.py): a
+policy is *open* while the batch's rows would still fit its backlog bound and the
+worker's weights trail the newest version by at most `max_weight_lag`; a closed
+policy's roles are not started (`rows_not_started`), and a role plays only with the
+roles whose turns it reads, so one slow trainer neither stalls the others nor costs
+generation that nobody trains. The worker waits while no role can play. Kill it at any
+instant: nothing is lost but the batch it had not committed.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ import torch
 from astraflow.context import RunContext
 from astraflow.models.codec import Codec
 from astraflow.rollout.adapters import SharedAdapters
+from astraflow.rollout.admission import Admission, PolicyState, admit, fits, rows_not_started
 from astraflow.rollout.engine import make_engine
 from astraflow.rollout.generation import Engine, Generation, generate_with_stops
 from astraflow.rollout.sampler import TaskSampler
-from astraflow.stores import Progress, TamperedWeights, WeightError
+from astraflow.stores import TamperedWeights, WeightError, retry
 from astraflow.workflows import Workflow
 from astraflow.workflows.workload import make_env, make_workflow
 
@@ -46,8 +48,9 @@ log = logging.getLogger("astraflow.rollout")
 class _Actor:
     """What the workflow sees: generate as a role (with that role's policy), wait."""
 
-    def __init__(self, worker: RolloutWorker):
+    def __init__(self, worker: RolloutWorker, roles: frozenset[str]):
         self.w = worker
+        self.roles = roles  # what this batch admitted: generating another role is a bug
         self.codec = worker.workflow.codec
         self.gen_s: dict[str, float] = defaultdict(float)
         self.truncated: dict[str, int] = defaultdict(int)
@@ -56,6 +59,10 @@ class _Actor:
 
     def generate(self, role: str, prompts: list[list[int]], *, samples: int,
                  max_new_tokens: int, stop: Sequence[str] = ()) -> Generation:
+        if role not in self.roles:
+            raise RuntimeError(f"workflow {self.w.ctx.flow.workflow.name!r} played role "
+                               f"{role!r}, which this batch did not admit "
+                               f"(admitted: {sorted(self.roles)})")
         policy = self.w.cast[role]
         engine = self.w.engines[policy]
         ro = self.w.ctx.flow.rollout
@@ -103,9 +110,12 @@ class RolloutWorker:
         self.host = socket.gethostname()
         self.batches = 0
         self.last_wait_s = 0.0
+        # The roles the next batch plays; a direct produce_batch() plays every role.
+        self.admission = Admission(frozenset(self.cast))
         self.open: set[str] = set(self.policies)  # policies whose rows the next batch appends
         ro = ctx.flow.rollout  # checked every poll: worked out once
-        self.backlog_limit = {p: ro.max_backlog_batches * ctx.flow.batch_rows(p)
+        self.batch_rows = {p: ctx.flow.batch_rows(p) for p in self.policies}
+        self.backlog_limit = {p: ro.max_backlog_batches * self.batch_rows[p]
                               for p in self.policies}
         self.reload_s: dict[str, float] = defaultdict(float)
 
@@ -187,15 +197,11 @@ class RolloutWorker:
                            gpu_memory_utilization=self.ctx.flow.rollout.gpu_memory_utilization)
 
     # -- backpressure --------------------------------------------------------
-    def backlog_rows(self, progress: Progress | None, policy: str | None = None) -> int:
-        """Rows of `policy` not yet consumed by its trainer: table size minus what the
-        trainer has read (`progress`, its progress file; None before its first step)."""
-        return (self.traj.count(policy or self.policies[0])
-                - (progress.rows_consumed if progress else 0))
-
-    def room(self, policy: str) -> bool:
-        """Whether `policy` is open (weights loaded, lag and backlog in bounds); reloads
-        its weights when its trainer has published since."""
+    def policy_state(self, policy: str, incoming: int | None = None) -> PolicyState:
+        """Whether `policy` is open for `incoming` more rows (default: one batch of its
+        rows; weights loaded, lag in bounds, backlog + incoming within the bound), whether
+        its trainer is done, and the batches its table holds. Reloads its weights when
+        its trainer has published since."""
         # The trainer's progress file names its newest version: list the weight store
         # (a LIST request on S3) only when that differs from ours.
         progress = self.ledger.progress(policy)
@@ -208,39 +214,95 @@ class RolloutWorker:
             self.newest[policy] = progress.weight_version
         held, newest = self.versions[policy], self.newest[policy]
         lag = 0 if newest is None or held is None else newest - held
-        return (held is not None and lag <= self.ctx.flow.rollout.max_weight_lag
-                and self.backlog_rows(progress, policy) < self.backlog_limit[policy])
+        # Two counts: one that may count a moving row twice (the backlog, erring toward
+        # closed), one that may miss it (erring toward "more rows needed").
+        rows, rows_min = self.traj.count(policy), self.rows_at_least(policy)
+        consumed = progress.rows_consumed if progress else 0
+        incoming = self.batch_rows[policy] if incoming is None else incoming
+        # Predicted closure for good: the rows already in its table cover every step
+        # its trainer has left, so a row started now would never be trained.
+        steps_left = self.ctx.flow.stop.max_steps - (progress.step + 1 if progress else 0)
+        return PolicyState(
+            open=(held is not None and lag <= self.ctx.flow.rollout.max_weight_lag
+                  and fits(rows - consumed, incoming, self.backlog_limit[policy])),
+            done=rows_min - consumed >= steps_left * self.batch_rows[policy],
+            batches=rows / self.batch_rows[policy],
+            batches_min=rows_min / self.batch_rows[policy])
+
+    def rows_at_least(self, policy: str) -> int:
+        """`policy`'s rows, a lower bound: `TrajectoryStore.count` may count a row that
+        moves (staged → table → archive) twice for a moment; reading each place before
+        the one its rows move from may miss it for a moment instead, never count it twice."""
+        def rows(table) -> int:
+            table.checkout_latest()
+            return int(table.count_rows())
+
+        where = f"table {policy!r} at {self.traj.uri}"
+        arch = self.traj.archive(policy)
+        old = 0 if arch is None else retry.call(lambda: rows(arch), what=f"retired rows of {where}",
+                                                 budget_s=self.traj.budget_s)
+        live = retry.call(lambda: rows(self.traj.table(policy)), what=f"rows of {where}",
+                          budget_s=self.traj.budget_s)
+        return old + live + self.traj.pending(policy)
+
+    def room(self, policy: str, incoming: int = 1) -> bool:
+        """Whether `policy` takes `incoming` more rows now (the endpoint's check: it
+        appends episodes as agents finish them, not whole batches)."""
+        return self.policy_state(policy, incoming).open
+
+    def admit(self) -> Admission:
+        """Check every policy (reloading any that published) and decide the next batch's
+        roles (astraflow/rollout/admission.py); sets `self.admission` and `self.open`."""
+        states = {p: self.policy_state(p) for p in self.policies}
+        roles = list(self.cast)
+        self.admission = admit(roles, self.cast, lambda r: self.workflow.needs(r, roles),
+                               states, self.ctx.flow.rollout.max_lead_batches)
+        self.open = {self.cast[r] for r in self.admission.keep}
+        return self.admission
 
     def wait_for_room(self, should_stop=lambda: False, poll_s: float = 0.05) -> float:
-        """Block until some policy is open and every policy has weights; returns seconds
-        waited. `self.open` then names the policies whose rows the next batch appends."""
+        """Block until some role can play and every policy has weights; returns seconds
+        waited. `self.admission` then names the roles the next batch plays, `self.open`
+        the policies whose rows it appends."""
         t0 = time.time()
         while not should_stop():
-            self.open = {p for p in self.policies if self.room(p)}  # each checked, reloaded
-            if self.open and all(v is not None for v in self.versions.values()):
-                break
+            if all(v is not None for v in self.versions.values()):
+                if self.admit().play:
+                    break
+            else:
+                self.refresh_weights()
             self.ledger.flush_due()  # a held-back worker's last metrics show soon
             time.sleep(poll_s)
         return time.time() - t0
 
     # -- one batch ---------------------------------------------------------------
     def produce_batch(self) -> int:
-        """Run one batch of episodes; append each policy's rows (one commit per policy).
-        Returns rows written."""
+        """Run one batch of episodes with the admitted roles (`self.admission`); append
+        each kept role's rows (one commit per policy). Returns rows written."""
         assert all(v is not None for v in self.versions.values()), "refresh_weights() first"
         ro = self.ctx.flow.rollout
+        adm = self.admission
         t0 = time.time()
         version = self.version  # the batch's tasks and their solved record use one version
         tasks = self.sampler.draw(ro.prompts_per_batch, version)
-        actor = _Actor(self)
+        actor = _Actor(self, adm.play)
         parts = self.workflow.episodes(tasks, actor)
+        stray = {p.role for p in parts} - adm.play
+        if stray:
+            raise RuntimeError(f"workflow {self.ctx.flow.workflow.name!r} returned parts "
+                               f"for role(s) {sorted(stray)} this batch did not admit")
         self.sampler.record(parts, version)
         t_roll = time.time()
         now = datetime.now(UTC)
         batch_tag = uuid.uuid4().hex[:12]  # unique across restarts of this worker id
         rows: dict[str, list[dict]] = {p: [] for p in self.policies}
+        fed: dict[str, int] = dict.fromkeys(self.policies, 0)
+        played = sorted(adm.play)
         for part in parts:
             policy = self.cast[part.role]
+            if part.role not in adm.keep:  # input to a kept role; its policy is done
+                fed[policy] += 1
+                continue
             rows[policy].append({
                 "traj_id": uuid.uuid4().hex, "group_id": f"{self.worker_id}-{batch_tag}-{part.group}",
                 "policy": policy, "behavior_version": self.versions[policy],
@@ -249,33 +311,39 @@ class RolloutWorker:
                 "reward": part.reward, "env": self.env.name, "task_id": part.task_id,
                 "worker": self.worker_id, "region": self.region, "created_at": now,
                 "extras": json.dumps({
-                    "host": self.host, "role": part.role,
+                    "host": self.host, "role": part.role, "roles_played": played,
                     "finish_reason": part.finish_reason, **part.extras}),
             })
+        wf_cls, params = type(self.workflow), self.ctx.flow.workflow.params
+        held = rows_not_started(
+            list(self.cast), self.cast, adm.play,
+            lambda r: ro.prompts_per_batch * wf_cls.parts_per_task(r, params, ro.samples_per_prompt))
         self.batches += 1
         total = 0
         metrics = []
         for policy, prow in rows.items():
-            if not prow:
+            if policy in self.open and not prow:
                 raise RuntimeError(f"workflow {self.ctx.flow.workflow.name!r} produced no part "
                                    f"for policy {policy!r} in a batch")
-            shed = policy not in self.open
-            t_a = time.time()
-            if not shed:
+            values = {"rows": len(prow), "rows_not_started": held[policy],
+                      "rows_fed": fed[policy], "batch_s": t_roll - t0,
+                      "backpressure_s": self.last_wait_s,
+                      "reload_s": self.reload_s.pop(policy, 0.0),
+                      "draws_skipped": self.sampler.skipped}
+            if actor.completions[policy]:  # it generated: as kept or fed
+                values.update(gen_s=actor.gen_s[policy], env_wait_s=actor.env_wait_s,
+                              truncated_frac=actor.truncated[policy] / actor.completions[policy])
+            if prow:
+                t_a = time.time()
                 self.traj.append(policy, prow)
                 total += len(prow)
-            metrics.append((policy, self.batches, {
-                "gen_s": actor.gen_s[policy], "env_wait_s": actor.env_wait_s,
-                "append_s": time.time() - t_a, "batch_s": t_roll - t0,
-                "backpressure_s": self.last_wait_s, "rows": 0 if shed else len(prow),
-                "rows_shed": len(prow) if shed else 0, "reload_s": self.reload_s.pop(policy, 0.0),
-                "draws_skipped": self.sampler.skipped,
-                "reward_mean": sum(r["reward"] for r in prow) / len(prow),
-                "truncated_frac": actor.truncated[policy] / max(actor.completions[policy], 1),
-                # multi-turn episodes (tool_agent): seconds their tool calls took, summed
-                "tool_s": sum(float(p.extras.get("tool_s", 0.0)) for p in parts
-                              if self.cast[p.role] == policy),
-            }))
+                values.update(
+                    append_s=time.time() - t_a,
+                    reward_mean=sum(r["reward"] for r in prow) / len(prow),
+                    # multi-turn episodes (tool_agent): seconds their tool calls took, summed
+                    tool_s=sum(float(p.extras.get("tool_s", 0.0)) for p in parts
+                               if self.cast[p.role] == policy and p.role in adm.keep))
+            metrics.append((policy, self.batches, values))
         # Per worker, for the autoscaler: component `worker`, keyed by the worker's id (the
         # `rollout` rows above are keyed by policy).
         self.ledger.log_many("rollout", metrics,

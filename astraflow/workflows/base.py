@@ -90,6 +90,9 @@ class Actor(Protocol):
     """What a workflow may do during an episode: generate as a role, wait on the world."""
 
     codec: Codec
+    roles: frozenset[str]
+    """The roles this batch plays (the worker's admission; every role unless the
+    workflow's `needs` lets some play apart). Generating another role is an error."""
 
     def generate(self, role: str, prompts: list[list[int]], *, samples: int,
                  max_new_tokens: int, stop: Sequence[str] = ()) -> Generation:
@@ -148,6 +151,15 @@ class Workflow(ABC):
     def role_names(cls, params: Mapping[str, Any]) -> tuple[str, ...]:
         """The roles, in turn order, for these parameters."""
         return cls.roles
+
+    def needs(self, role: str, roles: Sequence[str]) -> frozenset[str]:
+        """The roles whose turns `role`'s part of an episode reads, of this flow's
+        `roles`: the worker plays `role` only with them, and may play a role without
+        the roles that need it (a policy whose trainer is behind is then not started,
+        rather than generated and thrown away). Default: every other role (the roles
+        cannot be separated; an episode is played whole or held). A workflow that
+        narrows this must play only `actor.roles` in `episodes`."""
+        return frozenset(roles) - {role}
 
     @classmethod
     def parts_per_task(cls, role: str, params: Mapping[str, Any], samples_per_prompt: int) -> int:

@@ -10,8 +10,8 @@ The comparison is a tool because the tiny character model did not learn to compa
 digit strings within a warm-start budget, and rewarding any right verdict taught the
 verifier to disagree with the solver; so the verifier learns its working. Rows: the
 solver's answer (mask 1); the verifier's working (mask 1) then the tool transcript
-(mask 0). Held-out judgement accuracy uses a balanced set of right answers and near
-misses, so a verifier that calls everything wrong (or right) scores 50%.
+(mask 0). Held-out judgement accuracy: right answers and near misses, balanced. The
+solver's reward needs no verifier, so it may play alone (`needs`).
 """
 
 from __future__ import annotations
@@ -76,8 +76,15 @@ class SolverVerifier(SingleTurn):
     def metric_name(self, role: str) -> str:
         return "accuracy" if role == "solver" else "judgement accuracy"
 
+    def needs(self, role: str, roles) -> frozenset[str]:
+        """A verifier reads the solver's answer; the solver reads nothing, and its reward
+        (the answer is right) is the same whether or not a verifier judges it, so it
+        may play alone while a verifier's trainer is behind."""
+        return frozenset() if role == "solver" else frozenset({"solver"})
+
     def episodes(self, tasks: list[Task], actor: Actor) -> list[Part]:
         codec, k, m = self.codec, self.k, self.judge_samples
+        judges = [r for r in self.verifier_roles if r in actor.roles]
         parts = super().episodes(tasks, actor)  # the solver's turn (and its env wait)
         # Per solver sample, in order: (answer text, right?).
         answers = [(codec.decode(p.completion_ids), p.reward == 1.0) for p in parts]
@@ -88,7 +95,7 @@ class SolverVerifier(SingleTurn):
         # confirmed is one it was punished for computing. Seen here: its own working went
         # from 7.5% right to 1.9% (sampled) in 200 steps while its reward stayed flat.
         per_task = k * m  # verifier episodes per task: m judgements of each of k answers
-        for role in self.verifier_roles:
+        for role in judges:
             own = actor.generate(role, prompts, samples=per_task,
                                  max_new_tokens=self.max_new_tokens(role))
             for i, (comp, lps, why) in enumerate(zip(own.completions, own.logprobs,
@@ -103,7 +110,7 @@ class SolverVerifier(SingleTurn):
                 parts.append(Part.from_segments(role, tasks[j].task_id, f"v{j}", prompts[j],
                                                 [(comp, lps), (tool, None)], reward,
                                                 finish_reason=why))
-        if self.verifier_roles:
+        if judges:
             actor.env_wait()
         return parts
 

@@ -62,7 +62,8 @@ function render(s) {
       v${m.version ?? "—"}<br>reward ${fmt(m.reward)} · held-out ${m.heldout === null ? "—" :
       (100 * m.heldout).toFixed(1) + "%"}<br>${fmt(m.rows_per_s, 1)} rows/s · staleness
       ${fmt(m.staleness, 2)} · trainer wait ${m.trainer_wait === null ? "—" :
-      Math.round(100 * m.trainer_wait) + "%"} · shed ${m.rows_shed}</div>`);
+      Math.round(100 * m.trainer_wait) + "%"} · not started ${m.rows_not_started} · fed
+      ${m.rows_fed}</div>`);
     if (s.delta) extend(`reward-${p}`, [d.reward, d.heldout]);
     else draw(`reward-${p}`, `${p}`, [
       { x: d.reward.x, y: d.reward.y, name: "train reward (trainer step)", mode: "lines" },
