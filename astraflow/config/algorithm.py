@@ -49,6 +49,11 @@ class AlgorithmSpec(Spec):
     (`rollout.max_backlog_batches` batches), and in `sync` mode equal one batch. For an
     optimizer batch *smaller* than a rollout batch use `minibatches` (a commit is never
     split across steps: the cursor is a commit)."""
+    min_signal_rows: int | None = Field(None, ge=1)
+    """Batch fill (async mode): a trainer step waits for further rollout batches, up to
+    the workers' backlog bound, until its rows hold at least this many in groups whose
+    rewards differ (DAPO's dynamic sampling, done by the consumer; astraflow.train.consume.
+    BatchFill says why). None: step on each batch as it comes."""
     minibatches: int = Field(1, ge=1)
     """Optimizer updates per trainer step: the step's rows (after the stages) are cut
     into this many contiguous slices, one update each, every row used once. Within one

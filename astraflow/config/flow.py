@@ -116,6 +116,15 @@ class FlowSpec(Spec):
         return self
 
     @model_validator(mode="after")
+    def _fill_is_async(self) -> FlowSpec:
+        for p in self.policies:
+            if p.algorithm.min_signal_rows is not None and self.mode == "sync":
+                raise ValueError(f"policies.{p.name}.algorithm.min_signal_rows waits for further "
+                                 "rollout batches; sync mode trains on each batch as it is "
+                                 "produced: remove it, or use mode: async")
+        return self
+
+    @model_validator(mode="after")
     def _one_gpu_shared(self) -> FlowSpec:
         vllm, trainer = self.rollout.gpu_memory_utilization, self.trainer.gpu_memory_fraction
         if vllm is not None and self.rollout.engine != "vllm":

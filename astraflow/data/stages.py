@@ -148,13 +148,24 @@ def zero_variance_filter(rows: pa.Table, ctx: StageContext, *, min_size: int = 2
     and groups with fewer than `min_size` members."""
     if rows.num_rows == 0:
         return StageResult(rows, {"zero_variance": 0})
+    return drop_rows(rows, {"zero_variance": ~_in_varied_groups(rows, min_size)})
+
+
+def _in_varied_groups(rows: pa.Table, min_size: int = 2) -> np.ndarray:
+    """Per row: its group has at least `min_size` rows whose rewards are not all equal."""
     g = _group_ids(rows)
     r = rows.column("reward").to_numpy().astype(np.float64)
     n = np.bincount(g)
     mean = np.bincount(g, weights=r) / n
     var = np.bincount(g, weights=(r - mean[g]) ** 2) / n
-    keep = (var[g] > 1e-12) & (n[g] >= min_size)
-    return drop_rows(rows, {"zero_variance": ~keep})
+    return (var[g] > 1e-12) & (n[g] >= min_size)
+
+
+def signal_rows(rows: pa.Table) -> int:
+    """Rows in groups whose rewards differ: the rows a group-relative advantage can
+    learn from (what `zero_variance_filter` keeps). The trainer's batch fill
+    (`algorithm.min_signal_rows`) counts these before it steps."""
+    return int(_in_varied_groups(rows).sum()) if rows.num_rows else 0
 
 
 def group_advantages(rows: pa.Table, ctx: StageContext, *, normalize_std: bool = True,

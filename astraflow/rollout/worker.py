@@ -117,6 +117,7 @@ class RolloutWorker:
         self.batch_rows = {p: ctx.flow.batch_rows(p) for p in self.policies}
         self.backlog_limit = {p: ro.max_backlog_batches * self.batch_rows[p]
                               for p in self.policies}
+        self.step_rows_max = {p: self._step_rows_max(p) for p in self.policies}
         self.reload_s: dict[str, float] = defaultdict(float)
 
     @property
@@ -225,9 +226,18 @@ class RolloutWorker:
         return PolicyState(
             open=(held is not None and lag <= self.ctx.flow.rollout.max_weight_lag
                   and fits(rows - consumed, incoming, self.backlog_limit[policy])),
-            done=rows_min - consumed >= steps_left * self.batch_rows[policy],
+            done=rows_min - consumed >= steps_left * self.step_rows_max[policy],
             batches=rows / self.batch_rows[policy],
             batches_min=rows_min / self.batch_rows[policy])
+
+    def _step_rows_max(self, policy: str) -> int:
+        """The most rows one trainer step of `policy` may consume: `step_rows` (default a
+        batch), or with the batch fill (`min_signal_rows`) the backlog bound. "Done"
+        counts steps left at this size, so a trainer is never left waiting for rows."""
+        algo = next(p for p in self.ctx.flow.policies if p.name == policy).algorithm
+        if algo.min_signal_rows is not None:
+            return self.backlog_limit[policy]
+        return max(algo.step_rows or 0, self.batch_rows[policy])
 
     def rows_at_least(self, policy: str) -> int:
         """`policy`'s rows, a lower bound: `TrajectoryStore.count` may count a row that

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from astraflow.data.stages import History, StageContext, run_stages
+from astraflow.data.stages import History, StageContext, run_stages, signal_rows
 from astraflow.stores import Slice
 from astraflow.train.batch import Batch
 from astraflow.train.lineage import Lineage
@@ -60,3 +60,31 @@ def consume(sl: Slice, stages: list[tuple[str, dict[str, Any]]], *, policy: str,
                      for v in rows.column("behavior_version").to_pylist()]
         batch = Batch.from_table(rows, on_policy)
     return Consumed(batch, used, stale, filtered, metrics)
+
+
+class BatchFill:
+    """How many rows the next poll asks for (`algorithm.min_signal_rows`, DAPO's dynamic
+    sampling done by the consumer): one rollout batch, or, when the rows read so far hold
+    fewer than `need` rows in groups whose rewards differ, one batch more, up to `limit`
+    rows (the workers' backlog bound: more would never come).
+
+    Why: late in a run most groups are all-correct, and a step on the one or two groups
+    left is fitted to a handful of prompts yet moves the model as far as a step on
+    eight. Reading on until the step carries `need` rows of signal spends idle rollout
+    capacity, not trainer time. The rows read and not yet stepped on stay after the
+    cursor, so a crash loses nothing and no row is consumed twice.
+    """
+
+    def __init__(self, batch: int, need: int | None, limit: int):
+        self.batch, self.need, self.limit = batch, need, limit
+        self.want = batch
+
+    def take(self, sl: Slice | None) -> Slice | None:
+        """The slice to step on, or None to wait for `self.want` rows."""
+        if sl is None or not self.need:
+            return sl
+        if signal_rows(sl.rows) < self.need and sl.num_rows + self.batch <= self.limit:
+            self.want = sl.num_rows + self.batch
+            return None
+        self.want = self.batch
+        return sl

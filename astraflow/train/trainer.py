@@ -34,7 +34,7 @@ from astraflow.stores.mirror import Mirror
 from astraflow.stores.weights import Manifest
 from astraflow.train import checkpoint
 from astraflow.train.batch import Batch
-from astraflow.train.consume import consume
+from astraflow.train.consume import BatchFill, consume
 from astraflow.train.dist import Ranks, compute_dtype, peak_memory_mb
 from astraflow.train.fsdp import ShardedStep, full_state_dict, shard
 from astraflow.train.lineage import Lineage
@@ -71,6 +71,8 @@ class Trainer:
         self.checkpoints = ctx.checkpoints()
         self.stages = [(s.name, dict(s.params)) for s in ctx.flow.stages_for(self.policy)]
         self.batch_rows = self._step_rows()
+        self.fill = BatchFill(self.batch_rows, self.spec.algorithm.min_signal_rows,
+                              ctx.flow.rollout.max_backlog_batches * ctx.flow.batch_rows(self.policy))
         self.others = [p for p in ctx.flow.policy_names() if p != self.policy]
         self.publish_pending = False
         # Replicas near rollout pools get each version from a background thread.
@@ -221,10 +223,11 @@ class Trainer:
         return recorded
 
     def poll(self) -> Slice | None:
-        """Whole commits after the cursor, at least one batch of rows."""
-        batch = self.batch_rows
-        return self.traj.read_after(self.policy, self.cursor, min_rows=batch, max_rows=batch,
-                                    columns=COLUMNS)
+        """Whole commits after the cursor, at least one batch of rows (more while the
+        batch fill waits for rows with signal: `BatchFill`)."""
+        want = self.fill.want
+        return self.fill.take(self.traj.read_after(self.policy, self.cursor, min_rows=want,
+                                                   max_rows=want, columns=COLUMNS))
 
     def barrier_open(self) -> bool:
         """With `trainer.version_barrier`: may we publish version N+1, i.e. has every
