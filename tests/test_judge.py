@@ -46,7 +46,7 @@ def test_reward_table_all_four_cases():
     verdict, 0 for rejecting a right answer, and a wrong answer accepted costs both."""
     assert rewards(True, [ACCEPT]) == (1.0, [1.0])
     assert rewards(True, [REJECT]) == (1.0, [0.0])
-    assert rewards(False, [REJECT]) == (0.0, [1.0])
+    assert rewards(False, [REJECT]) == (0.0, [1.0]) and str(rewards(False, [REJECT])[0]) == "0.0"
     assert rewards(False, [ACCEPT]) == (SOLVER_FOOLED, [VERIFIER_FOOLED])
     assert SOLVER_FOOLED < 0 and VERIFIER_FOOLED < 0
     assert rewards(True, [None]) == (1.0, [0.0]) and rewards(False, [None]) == (0.0, [0.0])

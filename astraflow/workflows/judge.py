@@ -70,8 +70,10 @@ def rewards(right: bool, verdicts: Sequence[str | None]) -> tuple[float, list[fl
             per.append(1.0)
         else:
             per.append(VERIFIER_FOOLED if v == ACCEPT else 0.0)
+    if right:
+        return 1.0, per
     fooled = sum(v == ACCEPT for v in verdicts) / max(len(verdicts), 1)
-    return (1.0 if right else SOLVER_FOOLED * fooled), per
+    return (SOLVER_FOOLED * fooled if fooled else 0.0), per  # never -0.0 in a table
 
 
 def question(env: Any, task: Task) -> str:
