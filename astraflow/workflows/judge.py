@@ -105,6 +105,7 @@ class Judge(SolverVerifier):
         return Workflow.needs(self, role, roles)
 
     def judge_prompt(self, task: Task, answer: str) -> list[int]:
+        """The verifier's prompt: `TEMPLATE` as a user message through the chat template."""
         return self.encode_prompt(TEMPLATE.format(question=question(self.env, task),
                                                   answer=answer))
 
@@ -140,6 +141,8 @@ class Judge(SolverVerifier):
         return parts + judged
 
     def demo(self, role: str, rng: random.Random) -> Demo:
+        """The verifier's warm-start example (pretrained policies take none by default):
+        a right answer or a near miss, half each, and the one-word verdict."""
         if role == "solver":
             return super().demo(role, rng)
         t = self.env.sample(rng)
@@ -161,4 +164,6 @@ class Judge(SolverVerifier):
         return out
 
     def default_max_new_tokens(self, role: str) -> int:
+        """The verifier's: room for a one-sentence verdict ("The student's answer is
+        incorrect." is 7 SmolLM2 tokens and the end of turn)."""
         return super().default_max_new_tokens(role) if role == "solver" else 16
