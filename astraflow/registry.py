@@ -47,6 +47,7 @@ KINDS: dict[str, Kind] = {
     "workflow": Kind("workflow", "run", {
         "single": "astraflow.workflows.single:SingleTurn",
         "solver_verifier": "astraflow.workflows.solver_verifier:SolverVerifier",
+        "judge": "astraflow.workflows.judge:Judge",
         "tool_agent": "astraflow.workflows.tool_agent:ToolAgent",
         "arena": "astraflow.workflows.arena:Arena",
     }, base="astraflow.workflows.base:Workflow"),

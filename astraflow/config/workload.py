@@ -16,7 +16,9 @@ class WorkflowSpec(Spec):
 
     name: str = "single"
     """`single` (one policy answers each task), `solver_verifier` (a solver answers,
-    verifiers judge the answer), `tool_agent` (multi-turn episodes with the env's
+    verifiers judge the answer by working it out, a tool compares), `judge` (a solver
+    answers, a chat-model verifier reads the question and the answer and replies whether
+    it is right), `tool_agent` (multi-turn episodes with the env's
     tools), `arena` (a textarena game, each player seat a role), or `module:attr`
     for your own Workflow class. Default: `single` for the
     `math` env, `tool_agent` for every other env."""
@@ -61,8 +63,8 @@ class EnvSpec(Spec):
     eval_size: int = Field(500, ge=10)
     """Held-out tasks for the final evaluation (disjoint from training tasks)."""
     turn_latency_ms: float = Field(0.0, ge=0)
-    """A benchmark knob: a modelled wait per turn of the `single` and `solver_verifier`
-    workflows (the episodes of a batch wait concurrently). Tool-using envs wait on
+    """A benchmark knob: a modelled wait per turn of the `single`, `solver_verifier` and
+    `judge` workflows (the episodes of a batch wait concurrently). Tool-using envs wait on
     their real tools instead (`tool_agent`)."""
 
     @field_validator("name")

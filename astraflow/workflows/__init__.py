@@ -5,8 +5,8 @@ in each role. The rollout worker hands the workflow a batch of tasks and an
 Actor that generates with whichever role's policy is asked for; the workflow
 returns one Part per policy per episode, and each Part becomes a row in that
 policy's own table with its own loss mask (1 only on that policy's tokens) and
-its own reward. Built in: `single`, `solver_verifier`, `tool_agent`; `module:attr` names
-your own (astraflow.registry resolves both).
+its own reward. Built in: `single`, `solver_verifier`, `judge`, `tool_agent`, `arena`;
+`module:attr` names your own (astraflow.registry resolves both).
 """
 
 from __future__ import annotations

@@ -1,0 +1,198 @@
+"""The `judge` workflow: the verdict parser, the reward table's four cases, episodes
+played through a scripted actor and through the rollout worker, held-out items, and
+verdicts of the real SmolLM2."""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+import torch
+
+from astraflow.config.loader import parse_flow
+from astraflow.context import RESOLVED, RunContext
+from astraflow.envs.math import MathEnv
+from astraflow.models.codec import load_codec
+from astraflow.rollout.generation import Generation
+from astraflow.workflows.judge import (
+    ACCEPT,
+    REJECT,
+    SOLVER_FOOLED,
+    VERIFIER_FOOLED,
+    Judge,
+    rewards,
+    verdict,
+)
+
+ENV = dict(digits=2, op="+", heldout_fraction=0.2, style="question", digits_b=1)
+
+
+@pytest.mark.parametrize("text, want", [
+    ("The student's answer is correct.", ACCEPT),
+    ("The student's answer is incorrect.", REJECT),
+    ("Yes", ACCEPT), ("no.", REJECT), ("Correct!", ACCEPT), ("WRONG", REJECT),
+    ("No, the correct answer is 67.", REJECT),    # the first verdict word counts
+    ("Yes. The proposed answer is correct.", ACCEPT),
+    ("That is not correct.", REJECT), ("It is right.", ACCEPT), ("true", ACCEPT),
+    ("66", None), ("", None), ("incorrectly formatted? unknown", None),
+])
+def test_verdict_words(text, want):
+    assert verdict(text) == want
+
+
+def test_reward_table_all_four_cases():
+    """Right answers pay the solver 1 whatever the verdict; the verifier earns 1 for a right
+    verdict, 0 for rejecting a right answer, and a wrong answer accepted costs both."""
+    assert rewards(True, [ACCEPT]) == (1.0, [1.0])
+    assert rewards(True, [REJECT]) == (1.0, [0.0])
+    assert rewards(False, [REJECT]) == (0.0, [1.0]) and str(rewards(False, [REJECT])[0]) == "0.0"
+    assert rewards(False, [ACCEPT]) == (SOLVER_FOOLED, [VERIFIER_FOOLED])
+    assert SOLVER_FOOLED < 0 and VERIFIER_FOOLED < 0
+    assert rewards(True, [None]) == (1.0, [0.0]) and rewards(False, [None]) == (0.0, [0.0])
+    # Several verdicts of one wrong answer: the solver pays for the share that accepted it.
+    assert rewards(False, [ACCEPT, REJECT]) == (SOLVER_FOOLED / 2, [VERIFIER_FOOLED, 1.0])
+
+
+class ScriptedActor:
+    """Solver: samples 0 and 1 of each task right, 2 and 3 wrong (answer + 1), written as
+    `a + b = n`; verifier: accepts answers 0 and 2 of each task, rejects 1 and 3."""
+
+    def __init__(self, codec, tasks):
+        self.codec, self.tasks = codec, tasks
+        self.roles = frozenset({"solver", "verifier"})
+        self.seen: dict[str, list[str]] = {}
+
+    def generate(self, role, prompts, *, samples, max_new_tokens, stop=()):
+        self.seen[role] = [self.codec.decode(p) for p in prompts]
+        if role == "solver":
+            texts = [f"{t.task_id.replace('+', ' + ')} = {int(t.answer) + (s >= 2)}"
+                     for t in self.tasks for s in range(samples)]
+        else:
+            texts = [("The student's answer is correct." if i % 2 == 0 else "No, it is wrong.")
+                     for i in range(len(prompts)) for _ in range(samples)]
+        ids = [self.codec.encode(x)[:max_new_tokens] for x in texts]
+        return Generation(ids, [[-0.5] * len(c) for c in ids], ["stop"] * len(ids))
+
+    def env_wait(self):
+        pass
+
+
+def test_episodes_reward_each_case_and_show_the_solvers_answer_not_the_gold(bpe_model_dir):
+    codec = load_codec(bpe_model_dir)
+    env = MathEnv(**ENV)
+    wf = Judge(env, codec, samples_per_prompt=4, max_new_tokens=24)
+    tasks = [env.sample(random.Random(s)) for s in (1, 2)]
+    actor = ScriptedActor(codec, tasks)
+    parts = wf.episodes(tasks, actor)
+    solver = [p for p in parts if p.role == "solver"]
+    judged = [p for p in parts if p.role == "verifier"]
+    assert len(solver) == len(judged) == 8
+    # Per task: right+accepted, right+rejected, wrong+accepted, wrong+rejected.
+    assert [p.reward for p in solver] == [1.0, 1.0, SOLVER_FOOLED, 0.0] * 2
+    assert [p.reward for p in judged] == [1.0, 0.0, VERIFIER_FOOLED, 1.0] * 2
+    assert [p.extras["accepted"] for p in solver] == [1, 0, 1, 0] * 2
+    for i, (p, shown) in enumerate(zip(judged, actor.seen["verifier"], strict=True)):
+        t = tasks[i // 4]
+        a, b = t.task_id.split("+")
+        answer = int(t.answer) + (i % 4 >= 2)
+        # The question (without its format instruction) and the answer the reward scored.
+        assert f"What is {a} + {b}?" in shown and "Reply with only" not in shown
+        assert f"The student answered: {answer}\n" in shown
+        assert p.loss_mask == [1] * len(p.completion_ids) and p.group == f"v{i // 4}"
+        assert p.task_id == t.task_id
+    # The rewards depend on the verdict, so no role plays alone.
+    assert wf.needs("solver", ("solver", "verifier")) == frozenset({"verifier"})
+    assert wf.needs("verifier", ("solver", "verifier")) == frozenset({"solver"})
+
+
+def test_held_out_judgement_is_balanced_and_scored_by_the_verdict(bpe_model_dir):
+    wf = Judge(MathEnv(**ENV), load_codec(bpe_model_dir), samples_per_prompt=2)
+    items = wf.eval_items("verifier", 20)
+    tasks = wf.env.eval_tasks(20)
+    accept = [it.check("The student's answer is correct.") for it in items]
+    reject = [it.check("The student's answer is incorrect.") for it in items]
+    assert accept == [i % 2 == 0 for i in range(20)] and reject == [not a for a in accept]
+    assert not any(it.check("I cannot tell.") for it in items)
+    for i, (it, t) in enumerate(zip(items, tasks, strict=True)):
+        shown = it.prompt.split("The student answered: ")[1].split("\n")[0]
+        assert (shown == t.answer) == (i % 2 == 0)
+    assert wf.metric_name("verifier") == "judgement accuracy"
+    assert [it.check(t.answer) for it, t in zip(wf.eval_items("solver", 20), tasks,
+                                                 strict=True)] == [True] * 20
+
+
+def test_rollout_worker_writes_both_tables_from_one_batch(tmp_path, bpe_model_dir):
+    from astraflow.rollout.worker import RolloutWorker
+
+    model = {"kind": "hf", "path": str(bpe_model_dir)}
+    flow = parse_flow({
+        "name": "j", "policies": [{"name": "solver", "model": model},
+                                  {"name": "verifier", "model": model}],
+        "workflow": {"name": "judge"},
+        "env": {**ENV, "eval_size": 20},
+        "rollout": {"prompts_per_batch": 3, "samples_per_prompt": 2, "max_new_tokens": 8,
+                    "temperature": 1.0},
+    })
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RESOLVED).write_text(flow.dump())
+    ctx = RunContext(flow, run)
+    ws = ctx.weights()
+    for p in flow.policy_names():
+        st = ws.staging_dir(p)
+        for f in bpe_model_dir.iterdir():
+            shutil.copy(f, st)
+        ws.publish(p, st, step=0, version=0)
+    w = RolloutWorker(ctx, "wA")
+    assert w.refresh_weights()
+    assert w.produce_batch() == 3 * 2 * 2
+    traj, codec, env = ctx.trajectories(), load_codec(bpe_model_dir), MathEnv(**ENV)
+    solver = traj.read_range("solver", 0, 10**9).to_pylist()
+    judged = traj.read_range("verifier", 0, 10**9).to_pylist()
+    assert len(solver) == len(judged) == 6 == flow.batch_rows("verifier")
+    for s, v in zip(solver, judged, strict=True):  # one verdict per answer, in order
+        assert s["task_id"] == v["task_id"]
+        a, b = (int(x) for x in s["task_id"].split("+"))
+        right = env.reward(env._task(a, b), codec.decode(s["completion_ids"])) == 1.0
+        want_s, want_v = rewards(right, [verdict(codec.decode(v["completion_ids"]))])
+        assert (s["reward"], v["reward"]) == (want_s, want_v[0])
+        assert "The student answered:" in codec.decode(v["prompt_ids"])
+
+
+def test_smollm2_gives_verdicts_the_parser_reads(smollm2_dir):
+    """The real model, sampled as in training: most replies hold a verdict (at 0.7 some
+    ramble past 12 tokens first, and earn 0), and the rows' rewards follow the table
+    from the gold answer and the verdict; greedy, every reply holds one."""
+    from astraflow.rollout.engine import HFEngine
+
+    eng = HFEngine.from_dir(smollm2_dir)
+    env = MathEnv(**ENV)
+    wf = Judge(env, eng.codec, samples_per_prompt=2, max_new_tokens=12)
+    gen = torch.Generator().manual_seed(0)
+
+    class Actor:
+        codec, roles = eng.codec, frozenset({"solver", "verifier"})
+
+        def generate(self, role, prompts, *, samples, max_new_tokens, stop=()):
+            return eng.generate(prompts, samples_per_prompt=samples, temperature=0.7,
+                                max_new_tokens=max_new_tokens, generator=gen)
+
+        def env_wait(self):
+            pass
+
+    tasks = [env.sample(random.Random(s)) for s in range(6)]
+    parts = wf.episodes(tasks, Actor())
+    solver = [p for p in parts if p.role == "solver"]
+    judged = [p for p in parts if p.role == "verifier"]
+    said = [verdict(eng.codec.decode(p.completion_ids)) for p in judged]
+    assert said.count(None) <= len(said) // 2, [eng.codec.decode(p.completion_ids) for p in judged]
+    for i, (s, v, word) in enumerate(zip(solver, judged, said, strict=True)):
+        right = env.reward(tasks[i // 2], eng.codec.decode(s.completion_ids)) == 1.0
+        assert (s.reward, [v.reward]) == rewards(right, [word])
+    # Greedy, on balanced held-out answers: a verdict for each (its accuracy is measured
+    # in docs/agents.md, not asserted).
+    items = wf.eval_items("verifier", 8)
+    out = eng.generate([wf.encode_prompt(it.prompt) for it in items], max_new_tokens=12,
+                       greedy=True)
+    assert all(verdict(eng.codec.decode(c)) is not None for c in out.completions)
