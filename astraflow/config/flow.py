@@ -279,6 +279,11 @@ class FlowSpec(Spec):
                        for role, p in self.role_map().items() if p == name)
         return self.rollout.prompts_per_batch * per_task
 
+    def backlog_rows(self, policy: str) -> int:
+        """The most unconsumed rows the workers let `policy`'s table hold
+        (`rollout.max_backlog_batches` of its batches): more never come."""
+        return self.rollout.max_backlog_batches * self.batch_rows(policy)
+
     def policy_names(self) -> list[str]:
         """Policies in the order they first play a role (primary first)."""
         return list(dict.fromkeys(self.role_map().values()))

@@ -113,10 +113,9 @@ class RolloutWorker:
         # The roles the next batch plays; a direct produce_batch() plays every role.
         self.admission = Admission(frozenset(self.cast))
         self.open: set[str] = set(self.policies)  # policies whose rows the next batch appends
-        ro = ctx.flow.rollout  # checked every poll: worked out once
+        # bounds checked every poll: worked out once
         self.batch_rows = {p: ctx.flow.batch_rows(p) for p in self.policies}
-        self.backlog_limit = {p: ro.max_backlog_batches * self.batch_rows[p]
-                              for p in self.policies}
+        self.backlog_limit = {p: ctx.flow.backlog_rows(p) for p in self.policies}
         self.step_rows_max = {p: self._step_rows_max(p) for p in self.policies}
         self.reload_s: dict[str, float] = defaultdict(float)
 
@@ -234,7 +233,7 @@ class RolloutWorker:
         """The most rows one trainer step of `policy` may consume: `step_rows` (default a
         batch), or with the batch fill (`min_signal_rows`) the backlog bound. "Done"
         counts steps left at this size, so a trainer is never left waiting for rows."""
-        algo = next(p for p in self.ctx.flow.policies if p.name == policy).algorithm
+        algo = self.ctx.flow.policy_spec(policy).algorithm
         if algo.min_signal_rows is not None:
             return self.backlog_limit[policy]
         return max(algo.step_rows or 0, self.batch_rows[policy])

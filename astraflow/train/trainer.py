@@ -72,7 +72,7 @@ class Trainer:
         self.stages = [(s.name, dict(s.params)) for s in ctx.flow.stages_for(self.policy)]
         self.batch_rows = self._step_rows()
         self.fill = BatchFill(self.batch_rows, self.spec.algorithm.min_signal_rows,
-                              ctx.flow.rollout.max_backlog_batches * ctx.flow.batch_rows(self.policy))
+                              ctx.flow.backlog_rows(self.policy))
         self.others = [p for p in ctx.flow.policy_names() if p != self.policy]
         self.publish_pending = False
         # Replicas near rollout pools get each version from a background thread.
@@ -91,7 +91,7 @@ class Trainer:
         size the workers' backlog bound can never reach would stall the run, so refuse it."""
         flow, batch = self.ctx.flow, self.ctx.flow.batch_rows(self.policy)
         rows = self.spec.algorithm.step_rows or batch
-        room = flow.rollout.max_backlog_batches * batch
+        room = flow.backlog_rows(self.policy)
         if rows > room:
             raise ValueError(
                 f"policies.{self.policy}.algorithm.step_rows={rows} exceeds the backlog the "
