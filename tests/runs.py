@@ -11,19 +11,22 @@ from astraflow.context import RESOLVED, RunContext
 
 
 def seeded_run(run: Path, flow: dict[str, Any], policy_dir: Path, *,
-               versions: int = 1) -> RunContext:
+               versions: int = 1, every_policy: bool = False) -> RunContext:
     """Write `flow` as the run's resolved flow and publish `policy_dir` as versions
-    0..versions-1 of its primary policy."""
+    0..versions-1 of its primary policy (of every policy with `every_policy`: a
+    multi-policy worker needs a version of each before it starts a batch)."""
     spec = parse_flow(flow)
     run.mkdir(parents=True, exist_ok=True)
     (run / RESOLVED).write_text(spec.dump())
     ctx = RunContext(spec, run)
-    ws, name = ctx.weights(), spec.policy.name
-    for _ in range(versions):
-        staging = ws.staging_dir(name)
-        for f in policy_dir.iterdir():
-            shutil.copy(f, staging)
-        ws.publish(name, staging, step=0)
+    ws = ctx.weights()
+    names = spec.policy_names() if every_policy else [spec.policy.name]
+    for name in names:
+        for _ in range(versions):
+            staging = ws.staging_dir(name)
+            for f in policy_dir.iterdir():
+                shutil.copy(f, staging)
+            ws.publish(name, staging, step=0)
     return ctx
 
 

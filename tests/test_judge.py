@@ -5,13 +5,10 @@ verdicts of the real SmolLM2."""
 from __future__ import annotations
 
 import random
-import shutil
 
 import pytest
 import torch
 
-from astraflow.config.loader import parse_flow
-from astraflow.context import RESOLVED, RunContext
 from astraflow.envs.math import MathEnv
 from astraflow.models.codec import load_codec
 from astraflow.rollout.generation import Generation
@@ -24,6 +21,7 @@ from astraflow.workflows.judge import (
     rewards,
     verdict,
 )
+from tests.runs import seeded_run
 
 ENV = dict(digits=2, op="+", heldout_fraction=0.2, style="question", digits_b=1)
 
@@ -126,31 +124,21 @@ def test_rollout_worker_writes_both_tables_from_one_batch(tmp_path, bpe_model_di
     from astraflow.rollout.worker import RolloutWorker
 
     model = {"kind": "hf", "path": str(bpe_model_dir)}
-    flow = parse_flow({
+    ctx = seeded_run(tmp_path / "run", {
         "name": "j", "policies": [{"name": "solver", "model": model},
                                   {"name": "verifier", "model": model}],
         "workflow": {"name": "judge"},
         "env": {**ENV, "eval_size": 20},
         "rollout": {"prompts_per_batch": 3, "samples_per_prompt": 2, "max_new_tokens": 8,
                     "temperature": 1.0},
-    })
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / RESOLVED).write_text(flow.dump())
-    ctx = RunContext(flow, run)
-    ws = ctx.weights()
-    for p in flow.policy_names():
-        st = ws.staging_dir(p)
-        for f in bpe_model_dir.iterdir():
-            shutil.copy(f, st)
-        ws.publish(p, st, step=0, version=0)
+    }, bpe_model_dir, every_policy=True)
     w = RolloutWorker(ctx, "wA")
     assert w.refresh_weights()
     assert w.produce_batch() == 3 * 2 * 2
     traj, codec, env = ctx.trajectories(), load_codec(bpe_model_dir), MathEnv(**ENV)
     solver = traj.read_range("solver", 0, 10**9).to_pylist()
     judged = traj.read_range("verifier", 0, 10**9).to_pylist()
-    assert len(solver) == len(judged) == 6 == flow.batch_rows("verifier")
+    assert len(solver) == len(judged) == 6 == ctx.flow.batch_rows("verifier")
     for s, v in zip(solver, judged, strict=True):  # one verdict per answer, in order
         assert s["task_id"] == v["task_id"]
         a, b = (int(x) for x in s["task_id"].split("+"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,19 +13,20 @@ from collections import defaultdict
 import pytest
 
 from astraflow.config.loader import FlowError, parse_flow
-from astraflow.context import RESOLVED, RunContext
+from astraflow.context import RunContext
 from astraflow.envs.math import MathEnv
 from astraflow.local.sync import run_sync
 from astraflow.models.tokenizer import CharCodec
 from astraflow.rollout.worker import RolloutWorker
 from astraflow.train.trainer import Trainer
 from astraflow.workflows.solver_verifier import agree
+from tests.runs import seeded_run
 
 TINY = {"hidden_size": 64, "layers": 2, "heads": 2, "intermediate_size": 128}
 
 
 def make_ctx(tmp_path, tiny_policy_dir, **extra) -> RunContext:
-    flow = parse_flow({
+    return seeded_run(tmp_path / "run", {
         "name": "mp", "policies": [{"name": "solver", "model": TINY},
                                    {"name": "verifier", "model": TINY}],
         "workflow": {"name": "solver_verifier"},
@@ -34,18 +34,7 @@ def make_ctx(tmp_path, tiny_policy_dir, **extra) -> RunContext:
         "rollout": {"prompts_per_batch": 3, "samples_per_prompt": 4, "max_backlog_batches": 4},
         "stages": [{"name": "group_advantages"}],
         **extra,
-    })
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / RESOLVED).write_text(flow.dump())
-    ctx = RunContext(flow, run)
-    ws = ctx.weights()
-    for p in flow.policy_names():
-        st = ws.staging_dir(p)
-        for f in tiny_policy_dir.iterdir():
-            shutil.copy(f, st)
-        ws.publish(p, st, step=0, version=0)
-    return ctx
+    }, tiny_policy_dir, every_policy=True)
 
 
 def test_episode_rows_land_in_each_policys_table_with_its_own_mask(tmp_path, tiny_policy_dir):

@@ -18,6 +18,7 @@ from astraflow.models import lora
 from astraflow.models.hf import carried_files, load_policy, save_policy
 from astraflow.rollout.adapters import SharedAdapters
 from astraflow.rollout.engine import HFEngine
+from tests.test_multi_policy import MP_FLOW
 
 TINY = {"hidden_size": 64, "layers": 2, "heads": 2, "intermediate_size": 128}
 PROMPTS = [[1, 5, 6, 7], [1, 9, 8], [1, 4, 4, 4, 6]]
@@ -312,21 +313,18 @@ def test_sync_mode_and_the_cli_use_one_base(tmp_path, tiny_policy_dir):
     assert res.exit_code != 0 and "give neither --policy" in res.output
 
 
-SHARED_RUN = {
-    "name": "shared-run",
-    "policies": [
-        {"name": "solver", "model": {**TINY, "lora": {"r": 2}, "shared_base": "b"},
-         "warm_start": {"max_steps": 0}, "algorithm": {"lr": 0.01}},
-        {"name": "verifier", "model": {**TINY, "lora": {"r": 2}, "shared_base": "b"},
-         "warm_start": {"max_steps": 0}, "algorithm": {"lr": 0.01}}],
-    "workflow": {"name": "solver_verifier"},
-    "env": {"digits": 2, "eval_size": 40},
-    "rollout": {"workers": 1, "prompts_per_batch": 4, "samples_per_prompt": 4,
-                "max_backlog_batches": 2},
-    "trainer": {"checkpoint_every": 4},
-    "stages": [{"name": "staleness", "params": {"max_versions": 4}}, {"name": "group_advantages"}],
-    "stop": {"max_steps": 12, "max_minutes": 8, "eval_every_s": 30, "live_eval_size": 20},
-}
+def _adapter(policy: dict) -> dict:
+    """A policy of MP_FLOW as a rank-2 LoRA adapter on base `b`, at a learning rate an
+    adapter moves with."""
+    return {**policy, "model": {**policy["model"], "lora": {"r": 2}, "shared_base": "b"},
+            "algorithm": {"lr": 0.01}}
+
+
+# The multi-policy kill test's flow with both policies as adapters on one base.
+SHARED_RUN = {**MP_FLOW, "name": "shared-run",
+              "policies": [_adapter(p) for p in MP_FLOW["policies"]],
+              "stop": {"max_steps": 12, "max_minutes": 8, "eval_every_s": 30,
+                       "live_eval_size": 20}}
 
 
 @pytest.mark.slow
