@@ -34,7 +34,8 @@ def fixed_batch(rows: int, vocab: int, seed: int = 0):
 
 def step(model_dir: str, *, objective: str = "ppo", minibatches: int = 1,
          micro_batch_rows: int | None = None, rows: int = 4, lr: float = 1e-3,
-         max_update_kl: float | None = None) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
+         max_update_kl: float | None = None,
+         max_update_kl_rows: int | None = None) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
     """(full weights after one step on rank 0, else None; metrics) — alone or sharded."""
     from astraflow.models.hf import load_policy
     from astraflow.train.dist import Ranks
@@ -55,7 +56,7 @@ def step(model_dir: str, *, objective: str = "ppo", minibatches: int = 1,
     batch = fixed_batch(rows, model.config.vocab_size)
     settings = StepSettings(loss=LossConfig(objective), minibatches=minibatches,
                             micro_batch_rows=micro_batch_rows, chunk_tokens=7,
-                            max_update_kl=max_update_kl)
+                            max_update_kl=max_update_kl, max_update_kl_rows=max_update_kl_rows)
     run = ShardedStep(ranks) if ranks.sharded else optimize
     metrics, updates = run(module, opt, batch, 0, settings)
     metrics["updates"] = float(updates)
@@ -77,11 +78,13 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--max-update-kl", type=float, default=None)
+    ap.add_argument("--max-update-kl-rows", type=int, default=None)
     a = ap.parse_args()
     torch.set_num_threads(1)
     weights, metrics = step(a.model_dir, objective=a.objective, minibatches=a.minibatches,
                             micro_batch_rows=a.micro_batch_rows, rows=a.rows, lr=a.lr,
-                            max_update_kl=a.max_update_kl)
+                            max_update_kl=a.max_update_kl,
+                            max_update_kl_rows=a.max_update_kl_rows)
     if weights is not None:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -61,7 +61,7 @@ def compare_step(tmp_path: Path, model_dir: Path, **kw) -> None:
     assert set(two) == set(weights)
     keys = ["loss", "grad_norm", "tokens", "entropy", "logp_mismatch", "updates", "clip_frac"]
     if kw.get("max_update_kl"):
-        keys += ["update_kl", "update_scale"]
+        keys += ["update_kl", "update_scale", "update_kl_bound"]
         assert metrics["update_scale"] < 1.0  # the bound did pull the updates back
     for k in keys:
         assert two_metrics[k] == pytest.approx(metrics[k], rel=1e-4, abs=1e-6), k
@@ -81,9 +81,10 @@ def test_two_rank_step_equals_one_process_tiny(tmp_path, tiny_policy_dir):
 
 def test_two_rank_trust_region_equals_one_process(tmp_path, tiny_policy_dir):
     """The update KL bound on 2 ranks: KL measured over both ranks' rows, every shard
-    pulled back by the same factor, as in one process."""
+    pulled back by the same factor, as in one process; scaled by each minibatch's signal
+    rows (3 and 4 of `max_update_kl_rows` 4) alike on every rank."""
     compare_step(tmp_path, tiny_policy_dir, objective="decoupled", minibatches=2,
-                 micro_batch_rows=1, rows=7, lr=1e-2, max_update_kl=0.1)
+                 micro_batch_rows=1, rows=7, lr=1e-2, max_update_kl=0.1, max_update_kl_rows=4)
 
 
 @pytest.mark.slow

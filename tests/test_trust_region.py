@@ -14,7 +14,7 @@ from astraflow.config.algorithm import AlgorithmSpec
 from astraflow.train.logprobs import completion_logprobs
 from astraflow.train.loss import LossConfig
 from astraflow.train.step import StepSettings, optimize, step_settings
-from astraflow.train.trust import TrustRegion, kl_sums
+from astraflow.train.trust import TrustRegion, kl_sums, signal_rows, update_budget
 from tests.test_loss import _model, _rows
 
 
@@ -110,3 +110,41 @@ def test_field_validated_and_off_by_default():
     assert s.max_update_kl == 0.02
     with pytest.raises(pydantic.ValidationError):
         AlgorithmSpec(max_update_kl=0)
+
+
+def test_budget_grows_with_the_rows_that_carry_signal():
+    adv = torch.tensor([0.0, 0.0, 1.0, 1.0, 0.0, -0.5, 0.0])
+    assert signal_rows(adv, [0, 2, 4, 4, 7]) == 2  # rows 0 (zeros), 1, 2 (empty), 3
+    assert update_budget(0.02, 4, None) == 0.02
+    assert update_budget(0.02, 4, 32) == pytest.approx(0.0025)
+    assert update_budget(0.02, 64, 32) == 0.02
+    assert update_budget(0.02, 0, 32) == pytest.approx(0.02 / 32)  # a KL penalty's update
+
+
+def test_an_update_on_few_signal_rows_gets_its_share_of_the_bound():
+    """`max_update_kl_rows`: a real update on a batch whose advantages are zeroed on half
+    its rows gets half the bound (reported as `update_kl_bound`) and lands within it;
+    the same update with the whole bound lands past that half."""
+    batch = _rows(10, seed=3)
+    start = _model(seed=5)
+    off = batch.offsets()
+    half = copy.deepcopy(batch)
+    for i in range(0, 10, 2):
+        half.advantages[off[i]:off[i + 1]] = 0.0
+    assert signal_rows(half.advantages, off) == 5
+
+    def run(rows: int | None) -> tuple[float, dict[str, float]]:
+        model = copy.deepcopy(start)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4)  # a step near quadratic in KL: it lands near its bound
+        cfg = StepSettings(loss=LossConfig("ppo", 0.2), temperature=0.8, grad_clip=1.0,
+                           max_update_kl=0.004, max_update_kl_rows=rows)
+        metrics = optimize(model, opt, half, 0, cfg)[0]
+        return _kl_between(start, model, half), metrics
+
+    whole, m_whole = run(None)
+    share, m_share = run(10)
+    assert m_whole["update_kl_bound"] == pytest.approx(0.004)
+    assert m_share["update_kl_bound"] == pytest.approx(0.002)
+    assert m_whole["update_kl"] == pytest.approx(m_share["update_kl"])  # the same update
+    assert 0.002 < whole <= 0.004 * 1.0001
+    assert share <= 0.002 * 1.0001

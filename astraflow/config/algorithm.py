@@ -86,11 +86,17 @@ class AlgorithmSpec(Spec):
     before it to the policy after it, per unmasked token of the update's rows, is
     measured, and an update above this bound is pulled back along its direction to it
     (astraflow.train.trust). Unlike PPO's per-token clip it bounds the whole move, so a
-    late update carried by two groups cannot move the model as far as an early one
-    carried by eight. Cost: one no-grad forward pass per update and one copy of the
+    late update carried by two groups cannot move the model further than this (how far
+    relative to an update on more groups: `max_update_kl_rows`). Cost: one no-grad forward pass per update and one copy of the
     trainable parameters. None: unbounded. Default: 0.02 for `hf` policies (a pretrained
     model has skill to lose; astraflow.config.flow.HF_MAX_UPDATE_KL says why this
     value), unbounded for `tiny` ones; `null` turns it off."""
+    max_update_kl_rows: int | None = Field(None, ge=1)
+    """With `max_update_kl`: the rows with a non-zero advantage an update needs for the
+    whole bound; an update on fewer may move the policy only their share of it
+    (`max_update_kl` × rows / this). A fixed bound lets one group's update move the model
+    as far as eight groups' (astraflow.train.trust). None: every update gets the whole
+    bound."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of a KL penalty toward a frozen reference policy: version 0 of this same
     policy (its pretrained or warm-started starting point; version 0 is never pruned).

@@ -17,7 +17,7 @@ from astraflow.train.dist import Ranks
 from astraflow.train.logprobs import TokenLogprobs, completion_logprobs
 from astraflow.train.loss import LossStats, policy_loss
 from astraflow.train.step import StepSettings, move_metrics, set_lr, split, step_metrics
-from astraflow.train.trust import TrustRegion, kl_sums
+from astraflow.train.trust import TrustRegion, kl_sums, signal_rows, update_budget
 
 
 def shard(wrapper: torch.nn.Module, policy: torch.nn.Module, ranks: Ranks,
@@ -140,7 +140,7 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
     stats = LossStats()
     grad_norms: list[float] = []
     trust = TrustRegion(opt, s.max_update_kl) if s.max_update_kl else None
-    moves: list[tuple[float, float]] = []
+    moves: list[tuple[float, float, float]] = []  # (KL before bounding, scale, bound)
     for k, ((a, b), plan) in enumerate(zip(ranges, plans, strict=True)):
         whole = batch.select(a, b)  # loss weights (data stages) scale the token count too
         n_tokens = float(whole.mask.sum() if whole.weights is None
@@ -176,7 +176,11 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
             trust.snapshot()
         opt.step()
         if trust is not None:
-            moves.append(_bound_update(model, trust, plan, a, logprobs, ranks, befores))
+            # every rank holds the whole batch, so every rank computes the same bound
+            limit = update_budget(trust.max_kl, signal_rows(whole.advantages, whole.offsets()),
+                                  s.max_update_kl_rows)
+            moves.append((*_bound_update(model, trust, plan, a, logprobs, ranks, befores, limit),
+                          limit))
     names = list(LossStats.__dataclass_fields__)
     summed = ranks.all_sum([float(getattr(stats, n)) for n in names] + ent + mis)
     stats = LossStats(**{n: (int(v) if n == "tokens" else v)
@@ -190,7 +194,7 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
 
 def _bound_update(model: torch.nn.Module, trust: TrustRegion, plan: list[tuple[int, int]],
                   a: int, logprobs, ranks: Ranks,
-                  befores: list[torch.Tensor]) -> tuple[float, float]:
+                  befores: list[torch.Tensor], limit: float) -> tuple[float, float]:
     """The trust region on FSDP2 ranks: each rank measures KL on its own rows (running
     its zero-weighted passes too, so every rank issues the same all-gathers), the sums
     are reduced, and every rank scales its shards by the same factor. The root unit
@@ -212,7 +216,7 @@ def _bound_update(model: torch.nn.Module, trust: TrustRegion, plan: list[tuple[i
         total, n = ranks.all_sum([total, n])
         return total / max(n, 1.0)
 
-    return trust.bound(measure)
+    return trust.bound(measure, limit)
 
 
 def _with_dummies(plan: list[tuple[int, int]], befores: list[torch.Tensor]

@@ -20,7 +20,7 @@ import torch
 from astraflow.train.batch import Batch
 from astraflow.train.logprobs import completion_logprobs, device_of
 from astraflow.train.loss import LossConfig, LossStats, Objective, policy_loss
-from astraflow.train.trust import TrustRegion, kl_sums
+from astraflow.train.trust import TrustRegion, kl_sums, signal_rows, update_budget
 
 if TYPE_CHECKING:
     from astraflow.config.algorithm import AlgorithmSpec
@@ -50,6 +50,9 @@ class StepSettings:
     same temperature and chunking as the policy's."""
     max_update_kl: float | None = None
     """The trust region of each update (astraflow.train.trust); None: unbounded."""
+    max_update_kl_rows: int | None = None
+    """Signal rows an update needs for the whole `max_update_kl`; fewer get a share
+    (astraflow.train.trust.update_budget). None: every update gets the whole bound."""
 
 
 class Step(Protocol):
@@ -115,7 +118,7 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
     stats = LossStats()
     grad_norms: list[float] = []
     trust = TrustRegion(opt, s.max_update_kl) if s.max_update_kl else None
-    moves: list[tuple[float, float]] = []  # (KL before bounding, scale) per update
+    moves: list[tuple[float, float, float]] = []  # (KL before bounding, scale, bound)
     for k, (a, b) in enumerate(ranges):
         mb = batch.select(a, b)
         befores: list[tuple[Batch, torch.Tensor]] = []
@@ -176,20 +179,25 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
                         total, n = total + t, n + m
                 return total / max(n, 1.0)
 
-            moves.append(trust.bound(measure))
+            limit = update_budget(trust.max_kl, signal_rows(mb.advantages, mb.offsets()),
+                                  s.max_update_kl_rows)
+            moves.append((*trust.bound(measure, limit), limit))
     metrics = step_metrics(stats, s.loss.objective, grad_norms, (entropy_sum, entropy_n),
                            (mismatch_sum, mismatch_n), kl_ref=kl)
     metrics.update(move_metrics(moves))
     return metrics, len(grad_norms)
 
 
-def move_metrics(moves: list[tuple[float, float]]) -> dict[str, float]:
+def move_metrics(moves: list[tuple[float, float, float]]) -> dict[str, float]:
     """`update_kl`: the mean KL(before ‖ after) an update measured before the trust region
-    bounded it; `update_scale`: the mean scale the bound kept (1.0: none bounded)."""
+    bounded it; `update_scale`: the mean scale the bound kept (1.0: none bounded);
+    `update_kl_bound`: the mean bound the updates had (less than `max_update_kl` where
+    `max_update_kl_rows` scaled it down)."""
     if not moves:
         return {}
     return {"update_kl": sum(m[0] for m in moves) / len(moves),
-            "update_scale": sum(m[1] for m in moves) / len(moves)}
+            "update_scale": sum(m[1] for m in moves) / len(moves),
+            "update_kl_bound": sum(m[2] for m in moves) / len(moves)}
 
 
 def step_metrics(stats: LossStats, objective: Objective, grad_norms: list[float],
@@ -256,4 +264,5 @@ def step_settings(algo: AlgorithmSpec, *, temperature: float, first_update: int,
         temperature=temperature, minibatches=algo.minibatches,
         micro_batch_rows=algo.micro_batch_rows, chunk_tokens=algo.logprob_chunk_tokens,
         grad_clip=algo.grad_clip, lr=lr_schedule(algo), first_update=first_update,
-        autocast=autocast, ref_model=ref_model, max_update_kl=algo.max_update_kl)
+        autocast=autocast, ref_model=ref_model, max_update_kl=algo.max_update_kl,
+        max_update_kl_rows=algo.max_update_kl_rows)

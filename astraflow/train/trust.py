@@ -11,6 +11,12 @@ the bound, pull the parameters back along the update, θ ← θ₀ + s·(θ − 
 s = √(bound / KL) (KL grows with the square of a small step), measuring again until
 within. Cost: one copy of the trainable parameters and one no-grad forward pass per
 update (two or more for an update that is pulled back).
+
+Evidence-scaled (`algorithm.max_update_kl_rows`): a fixed bound still lets an update
+carried by one group move the model as far as one carried by eight: both are cut to
+the same KL. With the scaled bound an update may move the policy `max_update_kl` ×
+(its rows with a non-zero advantage / `max_update_kl_rows`), at most `max_update_kl`:
+the distance a step may travel grows with the evidence it rests on.
 """
 
 from __future__ import annotations
@@ -27,6 +33,22 @@ def kl_sums(before: torch.Tensor, after: torch.Tensor, mask: torch.Tensor) -> tu
     d = (after - before).float()
     k3 = torch.expm1(d) - d
     return float((k3 * mask).sum()), float(mask.sum())
+
+
+def signal_rows(advantages: torch.Tensor, offsets: list[int]) -> int:
+    """Rows of a batch (token `offsets`, one more than rows) whose advantage is non-zero:
+    the rows that carry a policy-gradient signal."""
+    return sum(1 for a, b in zip(offsets, offsets[1:], strict=False)
+               if b > a and bool(advantages[a:b].abs().max() > 0))
+
+
+def update_budget(max_kl: float, rows: int, full_rows: int | None) -> float:
+    """The KL one update may move the policy: `max_kl`, scaled down by `rows` (signal
+    rows) / `full_rows` when `full_rows` is set; an update with no signal rows (a KL
+    penalty's alone) gets one row's share."""
+    if full_rows is None:
+        return max_kl
+    return max_kl * min(1.0, max(rows, 1) / full_rows)
 
 
 class TrustRegion:
@@ -49,18 +71,23 @@ class TrustRegion:
         with torch.no_grad():
             self.before = [_local(p).clone() for p in self.params]
 
-    def bound(self, measure: Callable[[], float]) -> tuple[float, float]:
+    def bound(self, measure: Callable[[], float],
+              max_kl: float | None = None) -> tuple[float, float]:
         """Measure the last update's KL (`measure()`: the KL now, a forward pass) and,
         above `max_kl`, pull it back until within. KL ≈ c·sᵖ along the update: the first
         guess takes p = 2 (small steps), later ones fit p to the last two measurements
         (large steps saturate), aiming at 0.9·max_kl, never shrinking more than 8× per
         measurement; at most `tries` measurements more,
         after which an update still past the bound is undone. Returns (KL of the whole
-        update, scale kept; 1.0: within the bound, parameters untouched)."""
+        update, scale kept; 1.0: within the bound, parameters untouched). `max_kl`
+        overrides the region's bound for this update (`update_budget`)."""
+        limit = self.max_kl if max_kl is None else max_kl
+        if limit <= 0:
+            raise ValueError(f"an update's KL bound must be > 0, got {limit}")
         first = kl = measure()
         scale, power, prev = 1.0, 2.0, None
         for _ in range(self.tries):
-            if math.isfinite(kl) and kl <= self.max_kl:
+            if math.isfinite(kl) and kl <= limit:
                 break
             if not math.isfinite(kl) or kl <= 0:
                 new = 0.0
@@ -69,13 +96,13 @@ class TrustRegion:
                     power = min(max(math.log(kl / prev[1]) / math.log(scale / prev[0]), 0.25), 4.0)
                 # at most 8× smaller a step per measurement: a power fitted on the flat
                 # top of a saturating curve would otherwise overshoot to nothing
-                new = max(scale * (0.9 * self.max_kl / kl) ** (1.0 / power), scale / 8)
+                new = max(scale * (0.9 * limit / kl) ** (1.0 / power), scale / 8)
             self._rescale(scale, new)
             prev, scale = (scale, kl), new
             if scale == 0.0:
                 break
             kl = measure()
-        if scale > 0.0 and not (math.isfinite(kl) and kl <= self.max_kl):
+        if scale > 0.0 and not (math.isfinite(kl) and kl <= limit):
             self._rescale(scale, 0.0)  # still past it: the update is undone
             scale = 0.0
         self.before = []
