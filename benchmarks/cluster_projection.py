@@ -5,7 +5,12 @@ about a cluster we do not have. So each component's step time is measured on our
 machine and the two designs' dependencies are replayed in a deterministic
 discrete-event simulation (`astraflow.policies.events`). Every number is a measured
 input or a stated assumption (`assumptions()`); nothing is fitted to the paper. The
-model, drawn (worker and trainer loops, backpressure, shedding, the sync baseline):
+async worker replays the real one's stall-aware admission: each batch it calls
+`astraflow.rollout.admission.admit` (the worker's own code, not a copy) to decide
+which roles play, so a closed policy's roles are not started (nothing generated for
+them, nothing thrown away), a role plays only with the roles it reads, and a role
+played while a role reading it is held runs at most `max_lead_batches` ahead. The
+model, drawn (worker and trainer loops, admission, the sync baseline):
 docs/benchmarks/projection.md.
 
     python benchmarks/cluster_projection.py measured.json --rollout-devices 4
@@ -16,13 +21,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Generator
+from collections.abc import Collection, Generator, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from astraflow.policies.events import NOW, Engine, Wait
+from astraflow.rollout.admission import Admission, PolicyState, admit, fits
 
 PAPER = {"sync_s_per_iteration": 212.6, "async_s_per_iteration": 77.7, "ratio": 2.74}
+
+#: Named dependency shapes of the built-in workflows (`Workflow.needs`), one role per policy:
+#: "solver_alone" is `solver_verifier`'s (every later policy reads the first one's turn; the
+#: first reads nothing, so it may play alone), "together" the default `Workflow.needs`, which
+#: `judge` keeps (every role reads every other: an episode is played whole or held).
+NEEDS_SHAPES = ("solver_alone", "together")
 
 
 def _time(owner: str, name: str, v: Any, *, positive: bool = False) -> None:
@@ -80,14 +92,20 @@ class Measured:
 
     `env_waits` is how many env waits one batch has; the workflow decides it. None
     means the built-in workflows' count: 1 with one policy (`single`: after the
-    solver's turn), else 2 (`solver_verifier`: after the solver's turn, then once
-    after all verifiers judged, however many: their waits overlap). The first wait
-    follows the first policy's turn, the rest follow all turns (`batch_phases`)."""
+    solver's turn), else 2 (`solver_verifier`, `judge`: after the solver's turn, then
+    once after all verifiers judged, however many: their waits overlap). The first wait
+    follows the first played turn, the rest follow the other played turns (`batch_phases`).
+
+    `needs` is the workflow's dependency shape, which decides what admission may play
+    without what: a shape of `NEEDS_SHAPES` or, per policy, the policies whose turns its
+    role reads. The default is `solver_verifier`'s (the flow benchmarks/multi_policy.py
+    measures); `judge` is "together". It matters only once a policy closes."""
 
     policies: tuple[PolicyTimes, ...]  # turn order within an episode (solver first)
     env_wait_s: float = 0.0  # modelled env/tool wait, each; hardware does not shrink it
     append_s: float = 0.0  # appending one batch to one policy's table (one commit)
     env_waits: int | None = None  # env waits per batch; None: 1 if one policy else 2
+    needs: str | dict[str, list[str]] = "solver_alone"  # NEEDS_SHAPES, or policy -> reads
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policies", tuple(self.policies))
@@ -99,6 +117,46 @@ class Measured:
         _time("Measured", "append_s", self.append_s)
         if self.env_waits is not None:
             _count("Measured", "env_waits", self.env_waits, minimum=0)
+        object.__setattr__(self, "needs", self._checked_needs())
+
+    def _checked_needs(self) -> str | dict[str, list[str]]:
+        """`needs` validated; a mapping copied to plain lists (so it survives JSON)."""
+        names = [p.name for p in self.policies]
+        if isinstance(self.needs, str):
+            if self.needs not in NEEDS_SHAPES:
+                raise ValueError(f"Measured.needs must be one of {list(NEEDS_SHAPES)} or a "
+                                 f"mapping policy -> policies it reads, got {self.needs!r}")
+            return self.needs
+        if not isinstance(self.needs, Mapping):
+            raise ValueError(f"Measured.needs must be one of {list(NEEDS_SHAPES)} or a mapping "
+                             f"policy -> policies it reads, got {self.needs!r}")
+        if set(self.needs) != set(names):
+            raise ValueError(f"Measured.needs must name every policy once ({names}), got "
+                             f"{sorted(map(str, self.needs))}")
+        out: dict[str, list[str]] = {}
+        for name in names:
+            reads = self.needs[name]
+            if isinstance(reads, str) or not isinstance(reads, Collection):
+                raise ValueError(f"Measured.needs[{name!r}] must be a list of policy names, "
+                                 f"got {reads!r}")
+            if bad := [r for r in reads if r not in names or r == name]:
+                raise ValueError(f"Measured.needs[{name!r}]: {bad} are not other policies "
+                                 f"of {names}")
+            out[name] = list(reads)
+        return out
+
+    def needs_of(self) -> dict[str, frozenset[str]]:
+        """Per policy (its one role), the policies whose turns it reads: `needs` resolved.
+        "solver_alone": the first reads nothing, every other reads the first;
+        "together": every other (`Workflow.needs`' default)."""
+        names = [p.name for p in self.policies]
+        if self.needs == "together":
+            return {n: frozenset(names) - {n} for n in names}
+        if self.needs == "solver_alone":
+            return {n: frozenset() if i == 0 else frozenset(names[:1])
+                    for i, n in enumerate(names)}
+        assert isinstance(self.needs, dict)
+        return {n: frozenset(self.needs[n]) for n in names}
 
     def waits_per_batch(self) -> int:
         """`env_waits`, or the built-in workflows' count when it is None."""
@@ -119,14 +177,15 @@ class Measured:
 
 @dataclass(frozen=True)
 class Cluster:
-    """The assumed cluster and the code's own knobs (backpressure, poll intervals)."""
+    """The assumed cluster and the code's own knobs (admission, poll intervals)."""
 
     rollout_devices: int = 4  # async: independent rollout workers, one device each
     trainer_devices: int = 2  # async: devices per policy trainer (data parallel)
     sync_devices: int = 8  # sync baseline: all colocated, every phase uses all of them
     scaling_efficiency: float = 1.0  # one batch over g>1 devices: t / (g * eff); 1.0 favours sync
-    max_backlog_batches: int = 2  # worker backpressure
-    worker_poll_s: float = 0.05  # worker sleeps this long after a failed backpressure check
+    max_backlog_batches: int = 2  # admission: a policy is open while its backlog + a batch fits
+    max_lead_batches: int = 2  # admission: how far a role may play ahead of a held reader's table
+    worker_poll_s: float = 0.05  # worker sleeps this long after a check that admits nothing
     trainer_poll_s: float = 0.02  # trainer re-checks for a full batch this often while idle
     checkpoint_every: int = 10  # trainer.checkpoint_every: every trainer, every c-th step
 
@@ -134,6 +193,7 @@ class Cluster:
         for f in ("rollout_devices", "trainer_devices", "sync_devices", "max_backlog_batches",
                   "checkpoint_every"):
             _count("Cluster", f, getattr(self, f))
+        _count("Cluster", "max_lead_batches", self.max_lead_batches, minimum=0)  # 0: together
         _time("Cluster", "scaling_efficiency", self.scaling_efficiency, positive=True)
         if self.scaling_efficiency > 1:
             raise ValueError(f"Cluster.scaling_efficiency must be in (0, 1], got "
@@ -154,14 +214,22 @@ def speedup(g: int, eff: float) -> float:
     return 1.0 if g == 1 else g * eff
 
 
-def batch_phases(m: Measured, g: float = 1.0) -> list[float]:
-    """One batch's episodes, in order: the first policy's turn, an env wait, every other
-    policy's turn, then the remaining env waits (generation sped up g times). Where the
-    later waits fall among the later turns does not change a batch's length."""
-    first, *rest = m.policies
+def batch_phases(m: Measured, g: float = 1.0, played: Collection[str] | None = None) -> list[float]:
+    """One batch's episodes, in order: the first played policy's turn, an env wait, every
+    other played policy's turn, then the remaining env waits (generation sped up g times).
+    Where the later waits fall among the later turns does not change a batch's length.
+
+    `played`: the policies whose roles the batch plays (None: all). A batch that plays
+    one of several policies skips the later waits: they follow the later turns
+    (`solver_verifier` and `judge` wait after their verifiers judged, not when none did)."""
+    turns = [p for p in m.policies if played is None or p.name in played]
+    if not turns:
+        return []
+    first, *rest = turns
     waits = m.waits_per_batch()
+    later = max(waits - 1, 0) if rest or len(turns) == len(m.policies) else 0
     return [first.gen_s / g, *[m.env_wait_s] * min(waits, 1), *(p.gen_s / g for p in rest),
-            *[m.env_wait_s] * max(waits - 1, 0)]
+            *[m.env_wait_s] * later]
 
 
 @dataclass
@@ -173,8 +241,13 @@ class SimResult:
     steps: dict[str, int]  # per policy, in the measured window
     trainer_busy_fraction: dict[str, float]  # of the window spent step/publish/checkpoint
     worker_blocked_fraction: float  # async: mean share idle in wait_for_room (not reloads)
-    shed_fraction: dict[str, float]  # async: share of the window's batches shed per policy
+    not_started_fraction: dict[str, float]  # async: share of the window's batches that did
+    # not start this policy's roles (admission held them: nothing generated, nothing lost)
+    wasted_fraction: dict[str, float]  # of the window's batches that generated this policy's
+    # turns, the share not appended (fed as input only; none in an endless run)
     peak_backlog: dict[str, int]  # most batches appended, not trained (async: <= B - 1 + R)
+    peak_lead: dict[str, int]  # most batches this policy's table held beyond the table of a
+    # policy whose role reads it, at batch ends (async: <= L - 1 + R, 0 if L = 0; sync: 0)
 
 
 @dataclass
@@ -205,9 +278,12 @@ def simulate_async(m: Measured, c: Cluster, iterations: int = 200, warmup: int =
     slowest policy's `warmup`-th to its (`warmup` + `iterations`)-th completed step
     (slowest: the longest such window), so each of its counted steps lies wholly in
     it and no trainer can appear faster than its step time. Other policies' steps
-    are counted in the same window, and so are the batches whose shed rows
-    `shed_fraction` counts (a batch counts when its last append ends). A step
-    completes when its progress is written."""
+    are counted in the same window, and so are the batches `not_started_fraction` and
+    `wasted_fraction` count (a batch counts when its last append ends). A step
+    completes when its progress is written.
+
+    The run is endless (no `stop.max_steps`), so no trainer is ever *done* and admission
+    never feeds a role as input only: every played role is appended."""
     _check_run(iterations, warmup)
     pols, n, eng = m.policies, len(m.policies), Engine()
     # What trainer i's progress file says (version, completed) and what its table holds.
@@ -216,32 +292,46 @@ def simulate_async(m: Measured, c: Cluster, iterations: int = 200, warmup: int =
     busy: list[list[tuple[float, float]]] = [[] for _ in pols]
     idle: list[list[tuple[float, float]]] = [[] for _ in range(c.rollout_devices)]
     open_since: dict[tuple[str, int], float] = {}  # intervals still running at the end
-    produced: list[tuple[float, list[int]]] = []  # (end of a batch, policies appended)
-    peak = [0] * n
-    full = c.max_backlog_batches
+    # (end of a batch, policies it played, policies it appended)
+    produced: list[tuple[float, frozenset[str], frozenset[str]]] = []
+    peak, lead = [0] * n, [0] * n
+    committed = [0] * n  # appended, counting a batch's rows from its last append's end
+    full, names = c.max_backlog_batches, [p.name for p in pols]
+    cast, needs = {r: r for r in names}, m.needs_of()  # one role per policy
+    readers = [[j for j in range(n) if names[i] in needs[names[j]]] for i in range(n)]
+
+    def state(i: int, seen: int) -> PolicyState:
+        """`RolloutWorker.policy_state` from the simulator's counters: open when a batch
+        fits the backlog bound (weights are always held and fresh enough here), never
+        done (an endless run), `batches` = batches appended to its table."""
+        return PolicyState(open=fits(appended[i] - seen, 1, full), done=False,
+                           batches=float(appended[i]))
+
+    def decide(states: dict[str, PolicyState]) -> Admission:
+        return admit(names, cast, lambda r: needs[r], states, c.max_lead_batches)
 
     def worker(k: int) -> Generator[float | Wait, None, None]:
         held = [0] * n  # the versions this worker has loaded
 
-        def check() -> Generator[float | Wait, None, list[int]]:
-            """One pass of wait_for_room's loop: `_room(p)` for EVERY policy, in turn;
-            returns the open ones (`self.open`)."""
-            opened = []
+        def check() -> Generator[float | Wait, None, Admission]:
+            """One pass of wait_for_room's loop (`RolloutWorker.admit`): `policy_state(p)`
+            for EVERY policy, in turn, then the real `admit` on those states."""
+            states = {}
             for i, p in enumerate(pols):
-                seen = completed[i]  # _room reads the progress file first
+                seen = completed[i]  # policy_state reads the progress file first
                 if version[i] != held[i]:  # it names a version we do not hold: load it now
                     held[i] = version[i]
                     yield p.reload_s
                     yield NOW  # see work ending at this very instant, as checks do
-                if appended[i] - seen < full:  # then counts the table's rows
-                    opened.append(i)
-            return opened
+                states[p.name] = state(i, seen)  # then counts the table's rows
+            return decide(states)
 
         def check_differs() -> bool:
-            """Would a check now reload something or pass? Otherwise it would fail
-            instantly and change nothing, so the engine may skip it."""
+            """Would a check now reload something or play something? Otherwise it would
+            fail instantly and change nothing, so the engine may skip it."""
             return (any(version[i] != held[i] for i in range(n))
-                    or any(appended[i] - completed[i] < full for i in range(n)))
+                    or bool(decide({p.name: state(i, completed[i])
+                                    for i, p in enumerate(pols)}).play))
 
         def waiting(cmd: float | Wait) -> Generator[float | Wait, None, None]:
             open_since["w", k] = t0 = eng.now
@@ -250,18 +340,23 @@ def simulate_async(m: Measured, c: Cluster, iterations: int = 200, warmup: int =
             del open_since["w", k]
 
         while True:
-            # wait_for_room: check at once; while no policy is open, sleep poll_s, check again.
+            # wait_for_room: check at once; while no role can play, sleep poll_s, check again.
             yield from waiting(Wait(check_differs, c.worker_poll_s))
-            while not (opened := (yield from check())):
+            while not (adm := (yield from check())).play:
                 yield from waiting(c.worker_poll_s)  # the sleep starts when the check ended
                 yield from waiting(Wait(check_differs, c.worker_poll_s))
-            # Every policy generates its turns, open or not: the episode needs them all.
-            yield from batch_phases(m)  # one device, the whole batch; shared state untouched
-            for i in opened:  # a closed policy's rows are shed: no append, no append_s
+            # Only the admitted roles generate: a held role is not started at all.
+            yield from batch_phases(m, played=adm.play)  # one device; shared state untouched
+            kept = [i for i in range(n) if names[i] in adm.keep]
+            for i in kept:  # one commit per kept policy, in turn
                 yield m.append_s
-                appended[i] += 1  # visible to trainer i from now
+                appended[i] += 1  # visible to trainer i and to every check from now
                 peak[i] = max(peak[i], appended[i] - completed[i])
-            produced.append((eng.now, opened))
+            for i in kept:
+                committed[i] += 1
+            for i in range(n):  # how far each table now runs ahead of its readers'
+                lead[i] = max(lead[i], *(committed[i] - committed[j] for j in readers[i]), 0)
+            produced.append((eng.now, adm.play, adm.keep))
 
     def trainer(i: int, p: PolicyTimes) -> Generator[float | Wait, None, None]:
         step_s, steps = p.train_s / speedup(c.trainer_devices, c.scaling_efficiency), 0
@@ -300,15 +395,22 @@ def simulate_async(m: Measured, c: Cluster, iterations: int = 200, warmup: int =
     start, end = at(q, warmup), at(q, total)
     window = end - start
     frac = (lambda s: _overlap(s, start, end) / window) if window > 0 else (lambda s: 0.0)
-    made = [opened for t, opened in produced if start < t <= end]
+    made = [(play, keep) for t, play, keep in produced if start < t <= end]
+
+    def wasted(name: str) -> float:
+        generated = [keep for play, keep in made if name in play]
+        return sum(name not in keep for keep in generated) / len(generated) if generated else 0.0
+
     return SimResult(
         "async", window / iterations,
         {p.name: sum(start < t <= end for t in done_at[i]) for i, p in enumerate(pols)},
         {p.name: frac(busy[i]) for i, p in enumerate(pols)},
         sum(frac(b) for b in idle) / c.rollout_devices,
-        {p.name: sum(i not in o for o in made) / len(made) if made else 0.0
-         for i, p in enumerate(pols)},
-        {p.name: peak[i] for i, p in enumerate(pols)})
+        {p.name: sum(p.name not in play for play, _ in made) / len(made) if made else 0.0
+         for p in pols},
+        {p.name: wasted(p.name) for p in pols},
+        {p.name: peak[i] for i, p in enumerate(pols)},
+        {p.name: lead[i] for i, p in enumerate(pols)})
 
 
 def simulate_sync(m: Measured, c: Cluster, iterations: int = 200, warmup: int = 20) -> SimResult:
@@ -342,16 +444,25 @@ def simulate_sync(m: Measured, c: Cluster, iterations: int = 200, warmup: int = 
     return SimResult("sync", window / iterations, dict.fromkeys(names, iterations),
                      {p.name: busy[i] / window if window else 0.0
                       for i, p in enumerate(m.policies)}, 0.0,
-                     dict.fromkeys(names, 0.0),  # never sheds
-                     dict.fromkeys(names, 1))  # appends a batch, then trains it
+                     dict.fromkeys(names, 0.0),  # plays every role every batch
+                     dict.fromkeys(names, 0.0),  # appends every row it generates
+                     dict.fromkeys(names, 1),  # appends a batch, then trains it
+                     dict.fromkeys(names, 0))  # every table grows together
 
 
 def assumptions(m: Measured, c: Cluster) -> list[str]:
     """Every figure the projection uses, labelled MEASURED (input) or ASSUMED."""
     n, waits = len(m.policies), m.waits_per_batch()
     whose = ("as set" if m.env_waits is not None
-             else "the workflow's: `single` once; `solver_verifier` after the solver, then once "
-                  "after all verifiers (their waits overlap)")
+             else "the workflow's: `single` once; `solver_verifier` and `judge` after the "
+                  "solver, then once after all verifiers (their waits overlap)")
+    reads = "; ".join(f"{k} reads {', '.join(sorted(v)) or 'nothing'}"
+                      for k, v in m.needs_of().items())
+    shape = (f"{m.needs!r}, " + {"solver_alone": "`solver_verifier`'s",
+                                 "together": "`judge`'s and `Workflow.needs`' default"}[m.needs]
+             if isinstance(m.needs, str) else "as set")
+    overshoot = (f"lead to at most {c.max_lead_batches - 1} + {c.rollout_devices}"
+                 if c.max_lead_batches else "no lead: with 0 those roles play only together")
     lines = [f"MEASURED {p.name}: generate {p.gen_s:g} s per batch on one device; train "
              f"{p.train_s:g} s per step on one device; publish {p.publish_s:g} s every "
              f"{p.publish_every} step(s); reload {p.reload_s:g} s per new version; checkpoint "
@@ -360,8 +471,10 @@ def assumptions(m: Measured, c: Cluster) -> list[str]:
     return lines + [
         f"MEASURED append {m.append_s:g} s per policy table per batch (one commit each, in turn)",
         f"ASSUMED env/tool wait {m.env_wait_s:g} s, {waits} per batch ({whose}): the first "
-        f"after the first policy's turn, the rest after all turns; not shrunk by hardware "
+        f"after the first played turn, the rest after the other played turns (none when a "
+        "batch plays one of several policies); not shrunk by hardware "
         "(serial in sync; overlapped across workers in async)",
+        f"ASSUMED workflow dependencies ({shape}): {reads}",
         f"ASSUMED async cluster: {c.rollout_devices} rollout devices (one worker each, a batch "
         f"never split) + {c.trainer_devices} device(s) per trainer x {n} policies = "
         f"{c.rollout_devices + c.trainer_devices * n} devices",
@@ -372,15 +485,19 @@ def assumptions(m: Measured, c: Cluster) -> list[str]:
         "and checkpoint block their trainer (in sync, everything)",
         "ASSUMED no network transfer time for weights or rows beyond the measured publish/reload/"
         "append, and no store contention",
-        f"ASSUMED async backpressure as coded: each wait_for_room check, for every policy in "
-        f"turn, reads its progress file, reloads it there if the file names a version the worker "
-        f"does not hold (no reload step before generation), then calls it open if its backlog "
-        f"(appended - completed steps) < {c.max_backlog_batches} batch(es); none open: sleep "
-        f"{c.worker_poll_s:g} s after the check ended and check again; else produce the whole "
-        f"batch (every policy generates) and append only the open policies' rows: a closed "
-        f"policy's rows are shed, so a slow trainer does not hold the others back; workers "
-        f"passing together may overshoot (to at most {c.max_backlog_batches - 1} + "
-        f"{c.rollout_devices} batches)",
+        f"ASSUMED async admission as coded (the worker's own `admit`, "
+        f"astraflow/rollout/admission.py): each wait_for_room check, for every policy in turn, "
+        f"reads its progress file, reloads it there if the file names a version the worker does "
+        f"not hold (no reload step before generation), then calls it open if its backlog "
+        f"(appended - completed steps) plus this batch fits {c.max_backlog_batches} batch(es); "
+        f"a closed policy's roles are not started (nothing generated for them, nothing thrown "
+        f"away), a role plays only with the roles it reads, and a role played while a role "
+        f"reading it is held may run at most {c.max_lead_batches} batch(es) ahead of that "
+        f"role's table; nothing playable: sleep {c.worker_poll_s:g} s after the check ended and "
+        f"check again; else generate the played roles' turns only and append each one's rows. "
+        f"An endless run: no trainer is ever done, so no role is fed as input only; workers "
+        f"passing together may overshoot (backlog to at most {c.max_backlog_batches - 1} + "
+        f"{c.rollout_devices} batches, {overshoot})",
         "ASSUMED a trainer's progress (its new version, its consumed rows) appears when its step "
         "and any publish are done; weight lag never binds (every version verifies)",
         "ASSUMED sync reloads every changed policy before each batch (refresh_weights)",
@@ -390,8 +507,9 @@ def assumptions(m: Measured, c: Cluster) -> list[str]:
         "step's progress (async: workers are not held by it)",
         "ASSUMED deterministic step times, identical batches, no failures or restarts",
         "ASSUMED workers start together; with identical times they stay in phase, so appends "
-        "land together and backpressure, checked before a batch is generated, can overshoot "
-        "and then bind (shed, or wait when every policy is closed) in bursts",
+        "land together and admission, decided before a batch is generated, can overshoot "
+        "and then bind (a policy's roles not started, or a wait when nothing can play) in "
+        "bursts",
         "ASSUMED an iteration is one trainer step of every policy, worth the same in both designs "
         "(async staleness not modelled); async is measured in steady state after a warm-up",
     ]
@@ -408,7 +526,8 @@ def format_projection(p: Projection) -> str:
     c, s, a = p.cluster, p.sync_result, p.async_result
     n = len(p.measured.policies)
     busy = ", ".join(f"{k} {v:.0%}" for k, v in a.trainer_busy_fraction.items())
-    shed = ", ".join(f"{k} {v:.0%}" for k, v in a.shed_fraction.items())
+    held = ", ".join(f"{k} {v:.0%}" for k, v in a.not_started_fraction.items())
+    wasted = ", ".join(f"{k} {v:.0%}" for k, v in a.wasted_fraction.items())
     return "\n".join([
         "Projected seconds per iteration (one trainer step of every policy)",
         f"{'':34}{'projected':>12}{'paper':>12}",
@@ -418,7 +537,7 @@ def format_projection(p: Projection) -> str:
         f"{a.seconds_per_iteration:>10.2f} s{PAPER['async_s_per_iteration']:>10.1f} s",
         f"{'ratio sync/async':34}{p.ratio:>11.2f}x{PAPER['ratio']:>11.2f}x",
         f"async trainer busy: {busy}; workers blocked {a.worker_blocked_fraction:.0%}; "
-        f"rows shed: {shed} of batches",
+        f"roles not started: {held} of batches; generated, never appended: {wasted}",
         "Assumptions:", *(f"  - {line}" for line in p.assumptions)])
 
 

@@ -142,6 +142,7 @@ def scale_overrides(flow_path: str, n: int) -> dict[str, Any]:
 def cluster_for(flow) -> cluster_sim.Cluster:
     """The paper's cluster shape, with the flow's own backpressure and trainer settings."""
     return cluster_sim.Cluster(max_backlog_batches=flow.rollout.max_backlog_batches,
+                               max_lead_batches=flow.rollout.max_lead_batches,
                                trainer_poll_s=flow.trainer.poll_interval_s,
                                checkpoint_every=flow.trainer.checkpoint_every)
 
