@@ -106,7 +106,24 @@ def measured(ctx: RunContext) -> dict[str, Any]:
         })
     appends = [r["value"] for r in rows if r["component"] == "rollout" and r["name"] == "append_s"]
     return {"policies": pols, "env_wait_s": ctx.flow.env.turn_latency_ms / 1000.0,
-            "append_s": statistics.mean(appends) if appends else 0.0}
+            "append_s": statistics.mean(appends) if appends else 0.0, "needs": needs_of(ctx)}
+
+
+def needs_of(ctx: RunContext) -> dict[str, list[str]]:
+    """Policy → the policies its roles read, from the flow's own workflow
+    (`Workflow.needs`): what the projection's admission may play apart (`judge`: nothing;
+    `solver_verifier`: the solver alone)."""
+    from astraflow.models.codec import load_codec
+    from astraflow.workflows.workload import make_workflow
+
+    cast = ctx.flow.role_map()
+    v0 = Path(ctx.weights_root) / ctx.flow.policy.name / "v00000000"
+    wf = make_workflow(ctx.flow, load_codec(v0))
+    roles = list(cast)
+    out: dict[str, set[str]] = {p: set() for p in ctx.flow.policy_names()}
+    for r in roles:
+        out[cast[r]] |= {cast[n] for n in wf.needs(r, roles)} - {cast[r]}
+    return {p: sorted(v) for p, v in out.items()}
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
