@@ -104,6 +104,21 @@ def test_episodes_reward_each_case_and_show_the_solvers_answer_not_the_gold(bpe_
     assert wf.needs("verifier", ("solver", "verifier")) == frozenset({"solver"})
 
 
+def test_several_verdicts_of_one_answer_are_one_group(bpe_model_dir):
+    """`judge_samples: 2`: each answer's two verdicts share a group (one prompt), so the
+    advantage compares judgements of the same answer; their rewards follow the table."""
+    codec = load_codec(bpe_model_dir)
+    env = MathEnv(**ENV)
+    wf = Judge(env, codec, samples_per_prompt=4, max_new_tokens=24, judge_samples=2)
+    tasks = [env.sample(random.Random(s)) for s in (1, 2)]
+    judged = [p for p in wf.episodes(tasks, ScriptedActor(codec, tasks)) if p.role == "verifier"]
+    assert len(judged) == 16
+    assert [p.group for p in judged] == [f"v{i // 2}" for i in range(16)]
+    # answer i's two verdicts are the scripted verdict of prompt i (accept for even i)
+    assert [p.reward for p in judged] == [1.0, 1.0, 0.0, 0.0, VERIFIER_FOOLED,
+                                          VERIFIER_FOOLED, 1.0, 1.0] * 2
+
+
 def test_held_out_judgement_is_balanced_and_scored_by_the_verdict(bpe_model_dir):
     wf = Judge(MathEnv(**ENV), load_codec(bpe_model_dir), samples_per_prompt=2)
     items = wf.eval_items("verifier", 20)

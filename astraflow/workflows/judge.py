@@ -109,6 +109,17 @@ class Judge(SolverVerifier):
         return self.encode_prompt(TEMPLATE.format(question=question(self.env, task),
                                                   answer=answer))
 
+    def verdict_group(self, answer: int) -> str:
+        """The GRPO group of solver answer number `answer`'s verdicts. With several
+        verdicts per answer (`judge_samples` >= 2) it is that answer's: one prompt, so
+        the advantage compares judgements of the same answer, a signal about judging
+        whatever the share of right answers (once the solver is mostly right, a group
+        of the task's answers is mostly four right ones with one verdict each, which
+        says nothing about wrong ones). With one verdict per answer there is no such
+        group; the task's `k` answers' verdicts form one, and teach only where those
+        answers differ in rightness."""
+        return f"v{answer}" if self.judge_samples > 1 else f"v{answer // self.k}"
+
     def episodes(self, tasks: list[Task], actor: Actor) -> list[Part]:
         codec, k, m = self.codec, self.k, self.judge_samples
         parts = SingleTurn.episodes(self, tasks, actor)  # the solver's turn (and its env wait)
@@ -131,7 +142,7 @@ class Judge(SolverVerifier):
                 _, per = rewards(right[i], said[r][i])
                 for s in range(m):
                     j = i * m + s
-                    judged.append(Part.own_turn(r, parts[i].task_id, f"v{i // k}", prompt,
+                    judged.append(Part.own_turn(r, parts[i].task_id, self.verdict_group(i), prompt,
                                                 g.completions[j], g.logprobs[j], per[s],
                                                 finish_reason=g.finish_reasons[j]))
         for i, p in enumerate(parts):
