@@ -33,6 +33,8 @@ ENV = dict(digits=2, op="+", heldout_fraction=0.2, style="question", digits_b=1)
     ("No, the correct answer is 67.", REJECT),    # the first verdict word counts
     ("Yes. The proposed answer is correct.", ACCEPT),
     ("That is not correct.", REJECT), ("It is right.", ACCEPT), ("true", ACCEPT),
+    ("The student's answer is not entirely correct.", REJECT),
+    ("It isn't quite right.", REJECT), ("Not correct", REJECT),
     ("66", None), ("", None), ("incorrectly formatted? unknown", None),
 ])
 def test_verdict_words(text, want):

@@ -32,8 +32,10 @@ TEMPLATE = ('A student was asked: "{question}"\nThe student answered: {answer}\n
 held-out answers), this wording split its verdicts between both words; "Reply with
 only yes or no" drew "No, …" for nine answers in ten."""
 #: Verdict words; the first one in the reply counts ("No, the correct answer is 67" rejects).
-_VERDICT = re.compile(r"\b(not\s+(?:correct|right)|incorrect|wrong|false|no|yes|correct|right"
-                      r"|true)\b", re.I)
+#: A negation up to two words before "correct"/"right" rejects: SmolLM2 learnt to write
+#: "The student's answer is not entirely correct." (read as an accept before this).
+_VERDICT = re.compile(r"((?:\bnot|n't)\s+(?:\w+\s+){0,2}?(?:correct|right)\b"
+                      r"|\b(?:incorrect|wrong|false|no|yes|correct|right|true)\b)", re.I)
 #: A wrong answer accepted: the costliest outcome of the pair, since that is the answer the
 #: pair would hand on. The verifier loses more than a false reject (0) costs it, which also
 #: keeps "accept everything" from paying while the solver is mostly right; the solver's
@@ -43,7 +45,8 @@ SOLVER_FOOLED, VERIFIER_FOOLED = -0.5, -1.0
 
 def verdict(text: str) -> str | None:
     """`accept` or `reject` from the verifier's reply: its first verdict word (yes,
-    correct, right, true / no, incorrect, wrong, false, not correct); None when it has none."""
+    correct, right, true / no, incorrect, wrong, false, not [up to two words] correct);
+    None when it has none."""
     m = _VERDICT.search(text)
     if m is None:
         return None
