@@ -95,7 +95,10 @@ def test_openenv_server_episodes_rows_training_and_a_server_killed_mid_episode(
         assert any(x["finish_reason"] == "env_error" for x in killed), killed
         for x in killed:
             if x["finish_reason"] == "env_error":
-                assert x["env_error"] and x["turns"] == 2
+                # The engine's second call is turn 2 of a batch generated together, but on
+                # a loaded machine the episodes' turns may be generated in more calls, so
+                # an episode may meet the dead server after its first turn (CI saw 1).
+                assert x["env_error"] and x["turns"] in (1, 2)
         assert not server.alive()
 
         # 3. The worker goes on: its next batch starts the server again.

@@ -11,12 +11,6 @@ the bound, pull the parameters back along the update, θ ← θ₀ + s·(θ − 
 s = √(bound / KL) (KL grows with the square of a small step), measuring again until
 within. Cost: one copy of the trainable parameters and one no-grad forward pass per
 update (two or more for an update that is pulled back).
-
-Evidence-scaled (`algorithm.max_update_kl_rows`): a fixed bound still lets an update
-carried by one group move the model as far as one carried by eight: both are cut to
-the same KL. With the scaled bound an update may move the policy `max_update_kl` ×
-(its rows with a non-zero advantage / `max_update_kl_rows`), at most `max_update_kl`:
-the distance a step may travel grows with the evidence it rests on.
 """
 
 from __future__ import annotations
@@ -44,8 +38,11 @@ def signal_rows(advantages: torch.Tensor, offsets: list[int]) -> int:
 
 def update_budget(max_kl: float, rows: int, full_rows: int | None) -> float:
     """The KL one update may move the policy: `max_kl`, scaled down by `rows` (signal
-    rows) / `full_rows` when `full_rows` is set; an update with no signal rows (a KL
-    penalty's alone) gets one row's share."""
+    rows) / `full_rows` when `full_rows` is set (`algorithm.max_update_kl_rows`); an
+    update with no signal rows (a KL penalty's alone) gets one row's share. Why: a fixed
+    bound lets an update carried by one group move the model as far as one carried by
+    eight (both are cut to the same KL); scaled, the distance a step may travel grows
+    with the evidence it rests on."""
     if full_rows is None:
         return max_kl
     return max_kl * min(1.0, max(rows, 1) / full_rows)
