@@ -17,7 +17,7 @@ from astraflow.train.dist import Ranks
 from astraflow.train.logprobs import TokenLogprobs, completion_logprobs
 from astraflow.train.loss import LossStats, policy_loss
 from astraflow.train.step import StepSettings, move_metrics, set_lr, split, step_metrics
-from astraflow.train.trust import TrustRegion, kl_sums, signal_rows, update_budget
+from astraflow.train.trust import TrustRegion, batch_budget, kl_sums
 
 
 def shard(wrapper: torch.nn.Module, policy: torch.nn.Module, ranks: Ranks,
@@ -177,8 +177,8 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
         opt.step()
         if trust is not None:
             # every rank holds the whole batch, so every rank computes the same bound
-            limit = update_budget(trust.max_kl, signal_rows(whole.advantages, whole.offsets()),
-                                  s.max_update_kl_rows)
+            limit = batch_budget(trust.max_kl, whole.advantages, whole.offsets(),
+                                 s.max_update_kl_rows)
             moves.append((*_bound_update(model, trust, plan, a, logprobs, ranks, befores, limit),
                           limit))
     names = list(LossStats.__dataclass_fields__)

@@ -20,7 +20,7 @@ import torch
 from astraflow.train.batch import Batch
 from astraflow.train.logprobs import completion_logprobs, device_of
 from astraflow.train.loss import LossConfig, LossStats, Objective, policy_loss
-from astraflow.train.trust import TrustRegion, kl_sums, signal_rows, update_budget
+from astraflow.train.trust import TrustRegion, batch_budget, kl_sums
 
 if TYPE_CHECKING:
     from astraflow.config.algorithm import AlgorithmSpec
@@ -179,8 +179,8 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
                         total, n = total + t, n + m
                 return total / max(n, 1.0)
 
-            limit = update_budget(trust.max_kl, signal_rows(mb.advantages, mb.offsets()),
-                                  s.max_update_kl_rows)
+            limit = batch_budget(trust.max_kl, mb.advantages, mb.offsets(),
+                                 s.max_update_kl_rows)
             moves.append((*trust.bound(measure, limit), limit))
     metrics = step_metrics(stats, s.loss.objective, grad_norms, (entropy_sum, entropy_n),
                            (mismatch_sum, mismatch_n), kl_ref=kl)

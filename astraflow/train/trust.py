@@ -48,6 +48,16 @@ def update_budget(max_kl: float, rows: int, full_rows: int | None) -> float:
     return max_kl * min(1.0, max(rows, 1) / full_rows)
 
 
+def batch_budget(max_kl: float, advantages: torch.Tensor, offsets: list[int],
+                 full_rows: int | None) -> float:
+    """`update_budget` for an update's rows (per-token `advantages`, token `offsets`),
+    counting their signal rows only when `full_rows` asks for it: every update of a
+    bounded policy calls this, and the count is a Python loop over rows."""
+    if full_rows is None:
+        return max_kl
+    return update_budget(max_kl, signal_rows(advantages, offsets), full_rows)
+
+
 class TrustRegion:
     """Holds the trainable parameters as they were before an update, and pulls an
     update that moved the policy more than `max_kl` back to that KL."""
