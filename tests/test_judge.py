@@ -41,6 +41,19 @@ def test_verdict_words(text, want):
     assert verdict(text) == want
 
 
+@pytest.mark.parametrize("text, want", [
+    ("18 + 4 = 22, so the student's answer is correct.", ACCEPT),
+    ("The correct answer is 67, so the student's answer is incorrect.", REJECT),
+    ("The correct answer is 67, not 66: that is not correct.", REJECT),
+    ("Wrong at first glance, but 18 + 4 = 22, so it is right.", ACCEPT),
+    ("18 + 4 = 22", None),
+])
+def test_a_worked_verdict_is_its_last_verdict_word(text, want):
+    """`worked: true` reads the last verdict word: a worked reply may name 'the correct
+    answer' before it judges (the first word would accept every such reply)."""
+    assert verdict(text, last=True) == want
+
+
 def test_reward_table_all_four_cases():
     """Right answers pay the solver 1 whatever the verdict; the verifier earns 1 for a right
     verdict, 0 for rejecting a right answer, and a wrong answer accepted costs both."""
@@ -119,6 +132,65 @@ def test_several_verdicts_of_one_answer_are_one_group(bpe_model_dir):
     # answer i's two verdicts are the scripted verdict of prompt i (accept for even i)
     assert [p.reward for p in judged] == [1.0, 1.0, 0.0, 0.0, VERIFIER_FOOLED,
                                           VERIFIER_FOOLED, 1.0, 1.0] * 2
+
+
+def test_balance_adds_constructed_answers_that_train_the_verifier_only(bpe_model_dir):
+    """`balance: true`: after each task's k solver answers the verifier judges k more (the
+    gold answer per wrong solver answer, a near miss per right one), so what it judges is
+    half right; those verdicts are in its task's group and rewards, never the solver's."""
+    codec = load_codec(bpe_model_dir)
+    env = MathEnv(**ENV)
+    params = {"balance": True}
+    wf = Judge(env, codec, samples_per_prompt=4, max_new_tokens=24, **params)
+    assert Judge.parts_per_task("verifier", params, 4) == 8
+    assert Judge.parts_per_task("solver", params, 4) == 4
+    tasks = [env.sample(random.Random(s)) for s in (1, 2)]
+    actor = ScriptedActor(codec, tasks)
+    parts = wf.episodes(tasks, actor)
+    solver = [p for p in parts if p.role == "solver"]
+    judged = [p for p in parts if p.role == "verifier"]
+    assert len(solver) == 8 and len(judged) == 16
+    # The solver's rewards and accept counts come from its own answers' verdicts alone.
+    assert [p.reward for p in solver] == [1.0, 1.0, SOLVER_FOOLED, 0.0] * 2
+    assert [p.extras["accepted"] for p in solver] == [1, 0, 1, 0] * 2
+    for t, task in enumerate(tasks):
+        mine = judged[8 * t:8 * (t + 1)]
+        assert {p.group for p in mine} == {f"v{t}"} and {p.task_id for p in mine} == {task.task_id}
+        shown = [x.split("The student answered: ")[1].split("\n")[0]
+                 for x in actor.seen["verifier"][8 * t:8 * (t + 1)]]
+        assert sum(a == task.answer for a in shown) == 4  # half right: 2 solver + 2 gold
+        assert [p.extras.get("constructed", False) for p in mine] == [False] * 4 + [True] * 4
+        for i, (p, a) in enumerate(zip(mine, shown, strict=True)):
+            accepted = i % 2 == 0  # the script accepts every other prompt
+            assert [p.reward] == rewards(a == task.answer, [ACCEPT if accepted else REJECT])[1]
+    # Every right answer is balanced by a near miss, never by the answer itself.
+    rng = random.Random(0)
+    extra = wf.constructed(tasks[0], [True] * 4, rng)
+    assert len(extra) == 4 and tasks[0].answer not in extra
+    assert wf.constructed(tasks[0], [False] * 4, rng) == [tasks[0].answer] * 4
+
+
+def test_worked_verdicts_get_room_and_the_last_word(bpe_model_dir):
+    """`worked: true`: the verifier's message asks it to work the answer out first, its
+    turn is `verdict_tokens` long whatever the flow's max_new_tokens, and held-out items
+    and demos read and write the verdict at the end."""
+    codec = load_codec(bpe_model_dir)
+    wf = Judge(MathEnv(**ENV), codec, samples_per_prompt=2, max_new_tokens=12, worked=True,
+               verdict_tokens=48)
+    assert wf.max_new_tokens("verifier") == 48 and wf.max_new_tokens("solver") == 12
+    assert Judge(MathEnv(**ENV), codec, samples_per_prompt=2,
+                 worked=True).max_new_tokens("verifier") == 40
+    items = wf.eval_items("verifier", 4)
+    assert all("First work the answer out yourself" in it.prompt for it in items)
+    said = "The correct answer is {}, so the student's answer is {}."
+    tasks = wf.env.eval_tasks(4)
+    accepts = [it.check(said.format(t.answer, "correct"))
+               for it, t in zip(items, tasks, strict=True)]
+    assert accepts == [True, False, True, False]
+    demo = wf.demo("verifier", random.Random(1))
+    assert "so the student's answer is" in codec.decode(demo.target_ids)
+    with pytest.raises(ValueError, match="verdict_tokens"):
+        Judge(MathEnv(**ENV), codec, samples_per_prompt=2, verdict_tokens=0)
 
 
 def test_held_out_judgement_is_balanced_and_scored_by_the_verdict(bpe_model_dir):

@@ -31,6 +31,12 @@ TEMPLATE = ('A student was asked: "{question}"\nThe student answered: {answer}\n
 """The verifier's user message. Measured on SmolLM2's version 0 (greedy, balanced
 held-out answers), this wording split its verdicts between both words; "Reply with
 only yes or no" drew "No, …" for nine answers in ten."""
+WORKED = ('A student was asked: "{question}"\nThe student answered: {answer}\n'
+          "First work the answer out yourself. Then say whether the student's answer is "
+          "correct: end with one word, correct or incorrect.")
+"""The verifier's message with `worked: true`: it may compute before it judges, so it can
+judge with the solver's own skill; its last verdict word counts ("The correct answer is
+67, so it is incorrect" rejects)."""
 #: Verdict words; the first one in the reply counts ("No, the correct answer is 67" rejects).
 #: A negation up to two words before "correct"/"right" rejects: SmolLM2 learnt to write
 #: "The student's answer is not entirely correct." (read as an accept before this).
@@ -43,14 +49,15 @@ _VERDICT = re.compile(r"((?:\bnot|n't)\s+(?:\w+\s+){0,2}?(?:correct|right)\b"
 SOLVER_FOOLED, VERIFIER_FOOLED = -0.5, -1.0
 
 
-def verdict(text: str) -> str | None:
+def verdict(text: str, *, last: bool = False) -> str | None:
     """`accept` or `reject` from the verifier's reply: its first verdict word (yes,
-    correct, right, true / no, incorrect, wrong, false, not [up to two words] correct);
-    None when it has none."""
-    m = _VERDICT.search(text)
-    if m is None:
+    correct, right, true / no, incorrect, wrong, false, not [up to two words] correct),
+    or its last with `last` (a worked reply states its verdict at the end); None when it
+    has none."""
+    found = list(_VERDICT.finditer(text)) if last else [m for m in [_VERDICT.search(text)] if m]
+    if not found:
         return None
-    word = m.group(1).lower()
+    word = found[-1].group(1).lower()
     return ACCEPT if word in ("yes", "correct", "right", "true") else REJECT
 
 
@@ -101,27 +108,66 @@ def shown_answer(env: Any, text: str) -> str:
 
 class Judge(SolverVerifier):
     """`solver_verifier`'s roles and parameters (`verifiers`, `judge_samples`); the
-    verifier judges in its own words instead of working the answer out."""
+    verifier judges in its own words instead of working the answer out through a tool.
+
+    Two options for the verifier's own learning (off by default, the paper's shape):
+    `worked: true` asks it to work the answer out before its verdict (`WORKED`, the
+    last verdict word counts, `verdict_tokens` long); `balance: true` has it also judge
+    as many constructed answers per task (the gold answer, or a near miss) as make the
+    task's judged answers half right and half wrong. Those extra verdicts train the
+    verifier only: the solver's reward hangs on its own answers' verdicts."""
+
+    def __init__(self, env, codec, *, samples_per_prompt: int, worked: bool = False,
+                 balance: bool = False, verdict_tokens: int | None = None, **params: Any):
+        super().__init__(env, codec, samples_per_prompt=samples_per_prompt, **params)
+        if verdict_tokens is not None and verdict_tokens < 1:
+            raise ValueError("workflow.params.verdict_tokens must be >= 1")
+        self.worked, self.balance, self.verdict_tokens = worked, balance, verdict_tokens
+
+    @classmethod
+    def parts_per_task(cls, role: str, params, samples_per_prompt: int) -> int:
+        """With `balance`, a verifier judges each task's k answers and k constructed ones."""
+        n = super().parts_per_task(role, params, samples_per_prompt)
+        return n if role == "solver" or not params.get("balance", False) else 2 * n
 
     def needs(self, role: str, roles: Sequence[str]) -> frozenset[str]:
         """Every other role: the solver's reward depends on the verdict too."""
         return Workflow.needs(self, role, roles)
 
     def judge_prompt(self, task: Task, answer: str) -> list[int]:
-        """The verifier's prompt: `TEMPLATE` as a user message through the chat template."""
-        return self.encode_prompt(TEMPLATE.format(question=question(self.env, task),
-                                                  answer=answer))
+        """The verifier's prompt (`TEMPLATE`, or `WORKED`) as a user message through the
+        chat template."""
+        return self.encode_prompt(self.judge_text(task, answer))
+
+    def judge_text(self, task: Task, answer: str) -> str:
+        return (WORKED if self.worked else TEMPLATE).format(question=question(self.env, task),
+                                                            answer=answer)
+
+    def read_verdict(self, text: str) -> str | None:
+        return verdict(text, last=self.worked)
 
     def verdict_group(self, answer: int) -> str:
-        """The GRPO group of solver answer number `answer`'s verdicts. With several
-        verdicts per answer (`judge_samples` >= 2) it is that answer's: one prompt, so
-        the advantage compares judgements of the same answer, a signal about judging
-        whatever the share of right answers (once the solver is mostly right, a group
-        of the task's answers is mostly four right ones with one verdict each, which
-        says nothing about wrong ones). With one verdict per answer there is no such
-        group; the task's `k` answers' verdicts form one, and teach only where those
-        answers differ in rightness."""
-        return f"v{answer}" if self.judge_samples > 1 else f"v{answer // self.k}"
+        """The GRPO group of judged answer number `answer`'s verdicts (answers numbered
+        task by task, each task's constructed ones after its solver answers). With
+        several verdicts per answer (`judge_samples` >= 2) it is that answer's: one
+        prompt, so the advantage compares judgements of the same answer, a signal about
+        judging whatever the share of right answers (once the solver is mostly right, a
+        group of the task's answers is mostly four right ones with one verdict each,
+        which says nothing about wrong ones). With one verdict per answer the task's
+        judged answers form one group, which teaches only where those answers differ in
+        rightness (always, with `balance`)."""
+        per_task = self.k * (2 if self.balance else 1)
+        return f"v{answer}" if self.judge_samples > 1 else f"v{answer // per_task}"
+
+    def constructed(self, task: Task, right: Sequence[bool], rng: random.Random) -> list[str]:
+        """`balance`'s extra answers for one task whose solver answers were `right`: one
+        gold answer per wrong solver answer and one near miss per right one, so the k
+        answers and these k are half right and half wrong; shuffled so their order says
+        nothing."""
+        out = [task.answer] * sum(not r for r in right)
+        out += [near_miss(task.answer, rng) for r in right if r]
+        rng.shuffle(out)
+        return out
 
     def episodes(self, tasks: list[Task], actor: Actor) -> list[Part]:
         codec, k, m = self.codec, self.k, self.judge_samples
@@ -130,29 +176,51 @@ class Judge(SolverVerifier):
         if not judges:  # the roles play together (`needs`): only a direct call gets here
             return parts
         right = [p.reward == 1.0 for p in parts]
-        prompts = [self.judge_prompt(tasks[i // k],
-                                     shown_answer(self.env, codec.decode(p.completion_ids)))
-                   for i, p in enumerate(parts)]
+        shown = [shown_answer(self.env, codec.decode(p.completion_ids)) for p in parts]
+        # Judged answers, task by task: its k solver answers (index into parts), then with
+        # `balance` its k constructed ones (None).
+        judged_ix: list[int | None] = []
+        texts: list[str] = []
+        truth: list[bool] = []
+        for t, task in enumerate(tasks):
+            own = range(t * k, (t + 1) * k)
+            judged_ix += own
+            texts += [shown[i] for i in own]
+            truth += [right[i] for i in own]
+            if self.balance:
+                rng = random.Random(f"{task.task_id}/{[right[i] for i in own]}/{len(texts)}")
+                extra = self.constructed(task, [right[i] for i in own], rng)
+                judged_ix += [None] * len(extra)
+                texts += extra
+                truth += [a == task.answer for a in extra]
+        per_task = len(texts) // len(tasks)
+        prompts = [self.judge_prompt(tasks[i // per_task], a) for i, a in enumerate(texts)]
         gens = {r: actor.generate(r, prompts, samples=m, max_new_tokens=self.max_new_tokens(r))
                 for r in judges}
         actor.env_wait()
-        # Per role, per solver answer: its m verdicts.
-        said = {r: [[verdict(codec.decode(g.completions[i * m + s])) for s in range(m)]
+        # Per role, per judged answer: its m verdicts.
+        said = {r: [[self.read_verdict(codec.decode(g.completions[i * m + s])) for s in range(m)]
                     for i in range(len(prompts))] for r, g in gens.items()}
-        judged: list[Part] = []
+        out: list[Part] = []
         for r, g in gens.items():
             for i, prompt in enumerate(prompts):
-                _, per = rewards(right[i], said[r][i])
+                _, per = rewards(truth[i], said[r][i])
+                task = tasks[i // per_task]
                 for s in range(m):
                     j = i * m + s
-                    judged.append(Part.own_turn(r, parts[i].task_id, self.verdict_group(i), prompt,
-                                                g.completions[j], g.logprobs[j], per[s],
-                                                finish_reason=g.finish_reasons[j]))
-        for i, p in enumerate(parts):
+                    part = Part.own_turn(r, task.task_id, self.verdict_group(i), prompt,
+                                         g.completions[j], g.logprobs[j], per[s],
+                                         finish_reason=g.finish_reasons[j])
+                    if judged_ix[i] is None:
+                        part.extras["constructed"] = True
+                    out.append(part)
+        for i, ix in enumerate(judged_ix):
+            if ix is None:
+                continue
             every = [v for r in judges for v in said[r][i]]
-            p.reward, _ = rewards(right[i], every)
-            p.extras["accepted"] = sum(v == ACCEPT for v in every)
-        return parts + judged
+            parts[ix].reward, _ = rewards(right[ix], every)
+            parts[ix].extras["accepted"] = sum(v == ACCEPT for v in every)
+        return parts + out
 
     def demo(self, role: str, rng: random.Random) -> Demo:
         """The verifier's warm-start example (pretrained policies take none by default):
@@ -161,9 +229,12 @@ class Judge(SolverVerifier):
             return super().demo(role, rng)
         t = self.env.sample(rng)
         right = rng.random() < 0.5
-        target = self.encode_answer("correct" if right else "incorrect")
-        return Demo(self.judge_prompt(t, t.answer if right else near_miss(t.answer, rng)),
-                    target, [1] * len(target))
+        cand = t.answer if right else near_miss(t.answer, rng)
+        word = "correct" if right else "incorrect"
+        said = (f"The answer is {t.answer}, so the student's answer is {word}." if self.worked
+                else word)
+        target = self.encode_answer(said)
+        return Demo(self.judge_prompt(t, cand), target, [1] * len(target))
 
     def items(self, role: str, tasks: list[Task], rng: random.Random) -> list[EvalItem]:
         if role == "solver":
@@ -173,11 +244,20 @@ class Judge(SolverVerifier):
             right = i % 2 == 0  # balanced: a right answer, then a near miss
             cand = t.answer if right else near_miss(t.answer, rng)
             want = ACCEPT if right else REJECT
-            out.append(EvalItem(TEMPLATE.format(question=question(self.env, t), answer=cand),
-                                lambda text, w=want: verdict(text) == w))
+            out.append(EvalItem(self.judge_text(t, cand),
+                                lambda text, w=want: self.read_verdict(text) == w))
         return out
+
+    def max_new_tokens(self, role: str) -> int:
+        """A verifier's `verdict_tokens` where set (a worked verdict needs more room than
+        the solver's answer), else the flow's `rollout.max_new_tokens` or the default."""
+        if role != "solver" and self.verdict_tokens is not None:
+            return self.verdict_tokens
+        return super().max_new_tokens(role)
 
     def default_max_new_tokens(self, role: str) -> int:
         """The verifier's: room for a one-sentence verdict ("The student's answer is
-        incorrect." is 7 SmolLM2 tokens and the end of turn)."""
-        return super().default_max_new_tokens(role) if role == "solver" else 16
+        incorrect." is 7 SmolLM2 tokens and the end of turn), or for a worked one."""
+        if role == "solver":
+            return super().default_max_new_tokens(role)
+        return 40 if self.worked else 16
