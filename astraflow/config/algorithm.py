@@ -96,7 +96,8 @@ class AlgorithmSpec(Spec):
     whole bound; an update on fewer may move the policy only their share of it
     (`max_update_kl` × rows / this). A fixed bound lets one group's update move the model
     as far as eight groups' (astraflow.train.trust). None: every update gets the whole
-    bound."""
+    bound. Measured on SmolLM2 against TRL and not made a default: 16 rows took +40
+    points 2.3x longer and fell further (docs/benchmarks/peers.md)."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of a KL penalty toward a frozen reference policy: version 0 of this same
     policy (its pretrained or warm-started starting point; version 0 is never pruned).
