@@ -178,7 +178,7 @@ def test_worked_verdicts_get_room_and_the_last_word(bpe_model_dir):
     wf = Judge(MathEnv(**ENV), codec, samples_per_prompt=2, max_new_tokens=12, worked=True,
                verdict_tokens=48)
     assert wf.max_new_tokens("verifier") == 48 and wf.max_new_tokens("solver") == 12
-    assert Judge(MathEnv(**ENV), codec, samples_per_prompt=2,
+    assert Judge(MathEnv(**ENV), codec, samples_per_prompt=2, max_new_tokens=12,
                  worked=True).max_new_tokens("verifier") == 40
     items = wf.eval_items("verifier", 4)
     assert all("First work the answer out yourself" in it.prompt for it in items)
@@ -191,6 +191,51 @@ def test_worked_verdicts_get_room_and_the_last_word(bpe_model_dir):
     assert "so the student's answer is" in codec.decode(demo.target_ids)
     with pytest.raises(ValueError, match="verdict_tokens"):
         Judge(MathEnv(**ENV), codec, samples_per_prompt=2, verdict_tokens=0)
+
+
+def test_a_worked_verdict_pays_only_from_a_right_working(bpe_model_dir):
+    """`worked: true`: a right verdict earns 1 only when the answer worked out before it is
+    the task's; from a wrong working it earns 0; a wrong answer accepted costs -1 either
+    way. The solver's reward is the table's. `pay_working: false` pays any right verdict."""
+    codec = load_codec(bpe_model_dir)
+    env = MathEnv(**ENV)
+    tasks = [env.sample(random.Random(s)) for s in (1, 2)]
+
+    class Worked(ScriptedActor):
+        """Verifier: works out gold (prompts 0, 1 of each 4) or gold + 2 (2, 3), then
+        accepts prompts 0 and 2, rejects 1 and 3."""
+
+        def generate(self, role, prompts, *, samples, max_new_tokens, stop=()):
+            if role == "solver":
+                return super().generate(role, prompts, samples=samples,
+                                        max_new_tokens=max_new_tokens)
+            texts = []
+            for i in range(len(prompts)):
+                t = self.tasks[i // 4]
+                own = int(t.answer) + (2 if i % 4 >= 2 else 0)
+                word = "correct" if i % 2 == 0 else "incorrect"
+                texts += [f"The answer is {own}, so the student's answer is {word}."] * samples
+            ids = [self.codec.encode(x)[:max_new_tokens] for x in texts]
+            return Generation(ids, [[-0.5] * len(c) for c in ids], ["stop"] * len(ids))
+
+    wf = Judge(env, codec, samples_per_prompt=4, max_new_tokens=24, worked=True,
+               verdict_tokens=40)
+    parts = wf.episodes(tasks, Worked(codec, tasks))
+    judged = [p for p in parts if p.role == "verifier"]
+    # Answers per task: right, right, wrong, wrong. Verdicts: accept, reject, accept, reject.
+    # Workings: right, right, wrong, wrong. So: paid, 0 (rejected a right answer), fooled,
+    # 0 (a right verdict from a wrong working).
+    assert [p.reward for p in judged] == [1.0, 0.0, VERIFIER_FOOLED, 0.0] * 2
+    assert [p.reward for p in parts if p.role == "solver"] == [1.0, 1.0, SOLVER_FOOLED, 0.0] * 2
+    assert wf.working_right(tasks[0], f"{tasks[0].answer}. So it is incorrect, 3 4 5.") is True
+    assert wf.working_right(tasks[0], f"The answer is {tasks[0].answer}") is True
+    assert wf.working_right(tasks[0], "It is correct.") is False
+    loose = Judge(env, codec, samples_per_prompt=4, max_new_tokens=24, worked=True,
+                  pay_working=False)
+    judged = [p for p in loose.episodes(tasks, Worked(codec, tasks)) if p.role == "verifier"]
+    assert [p.reward for p in judged] == [1.0, 0.0, VERIFIER_FOOLED, 1.0] * 2
+    assert rewards(False, [REJECT, ACCEPT], [False, True]) == (SOLVER_FOOLED / 2,
+                                                               [0.0, VERIFIER_FOOLED])
 
 
 def test_held_out_judgement_is_balanced_and_scored_by_the_verdict(bpe_model_dir):

@@ -61,7 +61,8 @@ def verdict(text: str, *, last: bool = False) -> str | None:
     return ACCEPT if word in ("yes", "correct", "right", "true") else REJECT
 
 
-def rewards(right: bool, verdicts: Sequence[str | None]) -> tuple[float, list[float]]:
+def rewards(right: bool, verdicts: Sequence[str | None],
+            sound: Sequence[bool] | None = None) -> tuple[float, list[float]]:
     """(solver's reward, one reward per verdict) for an answer and the verdicts it drew:
 
         answer  verdict   solver  verifier
@@ -71,13 +72,15 @@ def rewards(right: bool, verdicts: Sequence[str | None]) -> tuple[float, list[fl
         wrong   accept    -0.5    -1     (SOLVER_FOOLED, VERIFIER_FOOLED)
         any     none      1 / 0    0     (no verdict: accepts nothing, rejects nothing)
 
-    With several verdicts the solver pays the share of them that accepted it wrongly."""
+    With several verdicts the solver pays the share of them that accepted it wrongly.
+    `sound` (one per verdict, `worked` verdicts): a right verdict pays 1 only when the
+    working before it was right, else 0; a wrong answer accepted costs -1 either way."""
     per = []
-    for v in verdicts:
+    for i, v in enumerate(verdicts):
         if v is None:
             per.append(0.0)
         elif (v == ACCEPT) == right:
-            per.append(1.0)
+            per.append(1.0 if sound is None or sound[i] else 0.0)
         else:
             per.append(VERIFIER_FOOLED if v == ACCEPT else 0.0)
     if right:
@@ -115,14 +118,21 @@ class Judge(SolverVerifier):
     last verdict word counts, `verdict_tokens` long); `balance: true` has it also judge
     as many constructed answers per task (the gold answer, or a near miss) as make the
     task's judged answers half right and half wrong. Those extra verdicts train the
-    verifier only: the solver's reward hangs on its own answers' verdicts."""
+    verifier only: the solver's reward hangs on its own answers' verdicts. A worked
+    verdict pays only from a right working unless `pay_working: false`."""
 
     def __init__(self, env, codec, *, samples_per_prompt: int, worked: bool = False,
-                 balance: bool = False, verdict_tokens: int | None = None, **params: Any):
+                 pay_working: bool = True, balance: bool = False,
+                 verdict_tokens: int | None = None, **params: Any):
         super().__init__(env, codec, samples_per_prompt=samples_per_prompt, **params)
         if verdict_tokens is not None and verdict_tokens < 1:
             raise ValueError("workflow.params.verdict_tokens must be >= 1")
         self.worked, self.balance, self.verdict_tokens = worked, balance, verdict_tokens
+        self.pay_working = worked and pay_working
+        """A worked verdict pays only when its working is right (`working_right`): paid
+        for any right verdict, the measured SmolLM2 verifier's answers got no better
+        and its verdicts swung to rejecting everything (docs/benchmarks/
+        multi-policy-smollm2.md), as `solver_verifier`'s tiny one learnt to disagree."""
 
     @classmethod
     def parts_per_task(cls, role: str, params, samples_per_prompt: int) -> int:
@@ -145,6 +155,12 @@ class Judge(SolverVerifier):
 
     def read_verdict(self, text: str) -> str | None:
         return verdict(text, last=self.worked)
+
+    def working_right(self, task: Task, text: str) -> bool:
+        """Whether a worked reply's own answer, the last number before its verdict (or in
+        the whole reply when it has none), is the task's answer."""
+        found = list(_VERDICT.finditer(text))
+        return self.env.reward(task, text[:found[-1].start()] if found else text) == 1.0
 
     def verdict_group(self, answer: int) -> str:
         """The GRPO group of judged answer number `answer`'s verdicts (answers numbered
@@ -204,8 +220,10 @@ class Judge(SolverVerifier):
         out: list[Part] = []
         for r, g in gens.items():
             for i, prompt in enumerate(prompts):
-                _, per = rewards(truth[i], said[r][i])
                 task = tasks[i // per_task]
+                sound = ([self.working_right(task, codec.decode(g.completions[i * m + s]))
+                          for s in range(m)] if self.pay_working else None)
+                _, per = rewards(truth[i], said[r][i], sound)
                 for s in range(m):
                     j = i * m + s
                     part = Part.own_turn(r, task.task_id, self.verdict_group(i), prompt,
@@ -249,10 +267,13 @@ class Judge(SolverVerifier):
         return out
 
     def max_new_tokens(self, role: str) -> int:
-        """A verifier's `verdict_tokens` where set (a worked verdict needs more room than
-        the solver's answer), else the flow's `rollout.max_new_tokens` or the default."""
+        """A verifier's `verdict_tokens` where set, else with `worked` the workflow's own
+        40 (a worked verdict needs more room than the solver's answer, which the flow's
+        `rollout.max_new_tokens` is sized for), else the flow's or the default."""
         if role != "solver" and self.verdict_tokens is not None:
             return self.verdict_tokens
+        if role != "solver" and self.worked:
+            return self.default_max_new_tokens(role)
         return super().max_new_tokens(role)
 
     def default_max_new_tokens(self, role: str) -> int:
