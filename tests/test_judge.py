@@ -238,6 +238,91 @@ def test_a_worked_verdict_pays_only_from_a_right_working(bpe_model_dir):
                                                                [0.0, VERIFIER_FOOLED])
 
 
+def full(codec, ids):
+    """Every turn's text (`decode` stops at the first end of turn)."""
+    return codec.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class Blind(ScriptedActor):
+    """Verifier, first turn (the question alone): the gold answer for prompts 0 and 1 of
+    each task's 4, gold + 2 for 2 and 3; second turn (its answer, then the student's):
+    accepts prompts 0 and 2, rejects 1 and 3."""
+
+    def generate(self, role, prompts, *, samples, max_new_tokens, stop=()):
+        if role == "solver":
+            return super().generate(role, prompts, samples=samples, max_new_tokens=max_new_tokens)
+        self.seen.setdefault(role, []).append([full(self.codec, p) for p in prompts])
+        first = "The student answered" not in full(self.codec, prompts[0])
+        texts = []
+        for i in range(len(prompts)):
+            t = self.tasks[i // 4]
+            texts += ([str(int(t.answer) + (2 if i % 4 >= 2 else 0))] if first else
+                      ["correct" if i % 2 == 0 else "incorrect"]) * samples
+        ids = [self.codec.encode(x)[:max_new_tokens] for x in texts]
+        return Generation(ids, [[-0.5] * len(c) for c in ids], ["stop"] * len(ids))
+
+
+def test_a_blind_verifier_answers_before_it_sees_the_answer(bpe_model_dir):
+    """`blind: true`: the verifier's first turn is the question alone (the solver's
+    prompt); then it is shown the student's answer and gives its verdict. One row holds
+    both turns, the message between them masked out of the loss; a right verdict pays
+    only from a right first answer."""
+    codec = load_codec(bpe_model_dir)
+    env = MathEnv(**ENV)
+    tasks = [env.sample(random.Random(s)) for s in (1, 2)]
+    wf = Judge(env, codec, samples_per_prompt=4, max_new_tokens=24, blind=True)
+    actor = Blind(codec, tasks)
+    parts = wf.episodes(tasks, actor)
+    judged = [p for p in parts if p.role == "verifier"]
+    first, second = actor.seen["verifier"]
+    assert all(tasks[i // 4].prompt in x and "answered" not in x for i, x in enumerate(first))
+    for i, x in enumerate(second):
+        answer = int(tasks[i // 4].answer) + (i % 4 >= 2)  # the solver's, per the script
+        assert tasks[i // 4].prompt in x and f"The student answered: {answer}\n" in x
+    # Own answer right, right, wrong, wrong; verdicts accept, reject, accept, reject on
+    # answers right, right, wrong, wrong: paid, 0, fooled, 0 (a wrong own answer).
+    assert [p.reward for p in judged] == [1.0, 0.0, VERIFIER_FOOLED, 0.0] * 2
+    for p in judged:
+        assert p.prompt_ids == wf.encode_prompt(tasks[0 if p.task_id == tasks[0].task_id
+                                                     else 1].prompt)
+        assert "The student answered" in full(codec, p.completion_ids)
+        # own answer (trained), the message (masked), the verdict (trained)
+        masked = [i for i, m in enumerate(p.loss_mask) if m == 0]
+        assert masked and p.loss_mask[0] == 1 and p.loss_mask[-1] == 1
+        assert "The student answered" in full(codec, [p.completion_ids[i] for i in masked])
+    demo = wf.demo("verifier", random.Random(3))
+    assert 0 in demo.target_mask and demo.target_mask[0] == 1
+    with pytest.raises(ValueError, match="one of worked and blind"):
+        Judge(env, codec, samples_per_prompt=4, blind=True, worked=True)
+
+
+def test_a_blind_verifier_is_scored_on_both_turns(bpe_model_dir):
+    """Held out, a blind verifier answers the question, then judges the item's answer."""
+    codec = load_codec(bpe_model_dir)
+    env = MathEnv(**ENV)
+    wf = Judge(env, codec, samples_per_prompt=2, blind=True)
+    items = wf.eval_items("verifier", 6)
+    tasks = env.eval_tasks(6)
+
+    class Engine:
+        """Answers every question right, then accepts an answer iff it equals its own."""
+
+        def generate(self, prompts, *, max_new_tokens, greedy):
+            out = []
+            for p in prompts:
+                x = full(codec, p)
+                t = next(t for t in tasks if t.prompt in x)
+                if "The student answered: " not in x:
+                    out.append(codec.encode(t.answer))
+                else:
+                    shown = x.split("The student answered: ")[1].split("\n")[0]
+                    out.append(codec.encode("correct" if shown == t.answer else "incorrect"))
+            return Generation(out, [[0.0] * len(c) for c in out], ["stop"] * len(out))
+
+    assert all(it.prompt == t.prompt for it, t in zip(items, tasks, strict=True))
+    assert wf.score("verifier", Engine(), items) == 1.0
+
+
 def test_held_out_judgement_is_balanced_and_scored_by_the_verdict(bpe_model_dir):
     wf = Judge(MathEnv(**ENV), load_codec(bpe_model_dir), samples_per_prompt=2)
     items = wf.eval_items("verifier", 20)

@@ -34,6 +34,9 @@ only yes or no" drew "No, …" for nine answers in ten."""
 WORKED = ('A student was asked: "{question}"\nThe student answered: {answer}\n'
           "First work the answer out yourself. Then say whether the student's answer is "
           "correct: end with one word, correct or incorrect.")
+ASK = ("The student answered: {answer}\nIs the student's answer correct? Answer with one "
+       "word: correct or incorrect.")
+"""The verifier's second message with `blind: true`, after it answered the question."""
 """The verifier's message with `worked: true`: it may compute before it judges, so it can
 judge with the solver's own skill; its last verdict word counts ("The correct answer is
 67, so it is incorrect" rejects)."""
@@ -122,13 +125,20 @@ class Judge(SolverVerifier):
     verdict pays only from a right working unless `pay_working: false`."""
 
     def __init__(self, env, codec, *, samples_per_prompt: int, worked: bool = False,
-                 pay_working: bool = True, balance: bool = False,
+                 blind: bool = False, pay_working: bool = True, balance: bool = False,
                  verdict_tokens: int | None = None, **params: Any):
         super().__init__(env, codec, samples_per_prompt=samples_per_prompt, **params)
         if verdict_tokens is not None and verdict_tokens < 1:
             raise ValueError("workflow.params.verdict_tokens must be >= 1")
-        self.worked, self.balance, self.verdict_tokens = worked, balance, verdict_tokens
-        self.pay_working = worked and pay_working
+        if worked and blind:
+            raise ValueError("workflow.params: choose one of worked and blind (blind works "
+                             "the answer out in a turn of its own)")
+        if blind and not callable(getattr(codec, "encode_user_turn", None)):
+            raise ValueError("workflow.params.blind needs a Hugging Face model's codec (a "
+                             "second user turn through its chat template)")
+        self.worked, self.blind = worked, blind
+        self.balance, self.verdict_tokens = balance, verdict_tokens
+        self.pay_working = (worked or blind) and pay_working
         """A worked verdict pays only when its working is right (`working_right`): paid
         for any right verdict, the measured SmolLM2 verifier's answers got no better
         and its verdicts swung to rejecting everything (docs/benchmarks/
@@ -175,6 +185,40 @@ class Judge(SolverVerifier):
         per_task = self.k * (2 if self.balance else 1)
         return f"v{answer}" if self.judge_samples > 1 else f"v{answer // per_task}"
 
+    def one_turn(self, actor: Actor, role: str, prompts: list[list[int]]) -> list[tuple]:
+        """The verdict in one turn: per prompt and sample, (segments, verdict text,
+        working text, finish reason)."""
+        g = actor.generate(role, prompts, samples=self.judge_samples,
+                           max_new_tokens=self.max_new_tokens(role))
+        return [([(c, lp)], self.codec.decode(c), self.codec.decode(c), why)
+                for c, lp, why in zip(g.completions, g.logprobs, g.finish_reasons, strict=True)]
+
+    def blind_turns(self, actor: Actor, role: str, prompts: list[list[int]],
+                    answers: list[str]) -> list[tuple]:
+        """`blind`: the verifier answers the question itself (its first turn, as long as
+        the solver's), and only then is shown the student's answer (`ASK`) and gives its
+        verdict; one row of both turns, the message between them masked. So it cannot
+        copy the answer it judges into its working. Per prompt and sample, as `one_turn`."""
+        m, codec = self.judge_samples, self.codec
+        first = actor.generate(role, prompts, samples=m, max_new_tokens=self.max_new_tokens("solver"))
+        asks, contexts = [], []
+        for j, own in enumerate(first.completions):
+            ask = self.ask_ids(own, answers[j // m])
+            asks.append(ask)
+            contexts.append(list(prompts[j // m]) + list(own) + ask)
+        second = actor.generate(role, contexts, samples=1, max_new_tokens=self.max_new_tokens(role))
+        return [([(c1, lp1), (ask, None), (c2, lp2)], codec.decode(c2), codec.decode(c1), why)
+                for c1, lp1, ask, c2, lp2, why in zip(
+                    first.completions, first.logprobs, asks, second.completions,
+                    second.logprobs, second.finish_reasons, strict=True)]
+
+    def ask_ids(self, own: list[int], answer: str) -> list[int]:
+        """`ASK` with `answer` as the user turn after the verifier's own answer `own`."""
+        ask = self.codec.encode_user_turn(ASK.format(answer=answer))
+        if own and ask and own[-1] == ask[0] and own[-1] in self.codec.stop_ids:
+            ask = ask[1:]  # its turn ended at the end-of-turn token the message opens with
+        return ask
+
     def constructed(self, task: Task, right: Sequence[bool], rng: random.Random) -> list[str]:
         """`balance`'s extra answers for one task whose solver answers were `right`: one
         gold answer per wrong solver answer and one near miss per right one, so the k
@@ -210,25 +254,28 @@ class Judge(SolverVerifier):
                 texts += extra
                 truth += [a == task.answer for a in extra]
         per_task = len(texts) // len(tasks)
-        prompts = [self.judge_prompt(tasks[i // per_task], a) for i, a in enumerate(texts)]
-        gens = {r: actor.generate(r, prompts, samples=m, max_new_tokens=self.max_new_tokens(r))
-                for r in judges}
+        task_of = [tasks[i // per_task] for i in range(len(texts))]
+        if self.blind:
+            prompts = [self.encode_prompt(t.prompt) for t in task_of]
+            turns = {r: self.blind_turns(actor, r, prompts, texts) for r in judges}
+        else:
+            prompts = [self.judge_prompt(t, a) for t, a in zip(task_of, texts, strict=True)]
+            turns = {r: self.one_turn(actor, r, prompts) for r in judges}
         actor.env_wait()
         # Per role, per judged answer: its m verdicts.
-        said = {r: [[self.read_verdict(codec.decode(g.completions[i * m + s])) for s in range(m)]
-                    for i in range(len(prompts))] for r, g in gens.items()}
+        said = {r: [[self.read_verdict(t[i * m + s][1]) for s in range(m)]
+                    for i in range(len(prompts))] for r, t in turns.items()}
         out: list[Part] = []
-        for r, g in gens.items():
+        for r, got in turns.items():
             for i, prompt in enumerate(prompts):
-                task = tasks[i // per_task]
-                sound = ([self.working_right(task, codec.decode(g.completions[i * m + s]))
-                          for s in range(m)] if self.pay_working else None)
+                task = task_of[i]
+                sound = ([self.working_right(task, got[i * m + s][2]) for s in range(m)]
+                         if self.pay_working else None)
                 _, per = rewards(truth[i], said[r][i], sound)
                 for s in range(m):
-                    j = i * m + s
-                    part = Part.own_turn(r, task.task_id, self.verdict_group(i), prompt,
-                                         g.completions[j], g.logprobs[j], per[s],
-                                         finish_reason=g.finish_reasons[j])
+                    segments, _, _, why = got[i * m + s]
+                    part = Part.from_segments(r, task.task_id, self.verdict_group(i), prompt,
+                                              segments, per[s], finish_reason=why)
                     if judged_ix[i] is None:
                         part.extras["constructed"] = True
                     out.append(part)
@@ -249,6 +296,11 @@ class Judge(SolverVerifier):
         right = rng.random() < 0.5
         cand = t.answer if right else near_miss(t.answer, rng)
         word = "correct" if right else "incorrect"
+        if self.blind:  # its own answer, the student's shown (read only), the verdict
+            own, said = self.encode_answer(t.answer), self.encode_answer(word)
+            ask = self.ask_ids(own, cand)
+            return Demo(self.encode_prompt(t.prompt), own + ask + said,
+                        [1] * len(own) + [0] * len(ask) + [1] * len(said))
         said = (f"The answer is {t.answer}, so the student's answer is {word}." if self.worked
                 else word)
         target = self.encode_answer(said)
@@ -262,9 +314,29 @@ class Judge(SolverVerifier):
             right = i % 2 == 0  # balanced: a right answer, then a near miss
             cand = t.answer if right else near_miss(t.answer, rng)
             want = ACCEPT if right else REJECT
-            out.append(EvalItem(self.judge_text(t, cand),
-                                lambda text, w=want: self.read_verdict(text) == w))
+            out.append(EvalItem(t.prompt if self.blind else self.judge_text(t, cand),
+                                lambda text, w=want: self.read_verdict(text) == w,
+                                {"answer": cand}))
         return out
+
+    def score(self, role: str, engine: Any, items: list[EvalItem], batch: int = 500) -> float:
+        """`blind` verifiers play both turns greedily (their answer, then the verdict on
+        the item's answer); everything else is one turn, as `Workflow.score`."""
+        if role == "solver" or not self.blind:
+            return super().score(role, engine, items, batch)
+        right = 0
+        for i in range(0, len(items), batch):
+            chunk = items[i : i + batch]
+            prompts = [self.encode_prompt(it.prompt) for it in chunk]
+            own = engine.generate(prompts, max_new_tokens=self.max_new_tokens("solver"),
+                                  greedy=True).completions
+            contexts = [list(p) + list(c) + self.ask_ids(c, it.data["answer"])
+                        for p, c, it in zip(prompts, own, chunk, strict=True)]
+            said = engine.generate(contexts, max_new_tokens=self.max_new_tokens(role),
+                                   greedy=True).completions
+            right += sum(bool(it.check(self.codec.decode(c)))
+                         for it, c in zip(chunk, said, strict=True))
+        return right / max(len(items), 1)
 
     def max_new_tokens(self, role: str) -> int:
         """A verifier's `verdict_tokens` where set, else with `worked` the workflow's own
