@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from openai import OpenAI
+from openai import APIConnectionError, OpenAI
 
 from astraflow.rollout.client import episode_url, report_reward
 
@@ -129,20 +129,28 @@ def train(url: str, model: str, *, minutes: float, group_size: int, groups_at_on
     print(json.dumps(curve[-1]), flush=True)
     t0 = last = time.time()
     rewards: list[float] = []
-    with ThreadPoolExecutor(group_size * groups_at_once) as ex:
-        while time.time() - t0 < minutes * 60:
-            # One group per task draw: its `group_size` episodes are compared with each other.
-            batch = [(rng.choice(pool), f"g{rng.getrandbits(48):x}") for _ in range(groups_at_once)]
-            futs = [ex.submit(episode, url, model, t, group=g, token=token, max_tokens=max_tokens)
-                    for t, g in batch for _ in range(group_size)]
-            rewards.extend(f.result() for f in futs)
-            if time.time() - last >= eval_every_s:
-                curve.append({"t": time.time() - t0, "train_reward": sum(rewards) / len(rewards),
-                              "heldout": heldout_now()})
-                print(json.dumps(curve[-1]), flush=True)
-                rewards, last = [], time.time()
-    curve.append({"t": time.time() - t0, "heldout": heldout_now()})
-    print(json.dumps(curve[-1]), flush=True)
+    try:
+        with ThreadPoolExecutor(group_size * groups_at_once) as ex:
+            while time.time() - t0 < minutes * 60:
+                # One group per task draw: its `group_size` episodes are compared together.
+                batch = [(rng.choice(pool), f"g{rng.getrandbits(48):x}")
+                         for _ in range(groups_at_once)]
+                futs = [ex.submit(episode, url, model, t, group=g, token=token,
+                                  max_tokens=max_tokens)
+                        for t, g in batch for _ in range(group_size)]
+                rewards.extend(f.result() for f in futs)
+                if time.time() - last >= eval_every_s:
+                    curve.append({"t": time.time() - t0,
+                                  "train_reward": sum(rewards) / len(rewards),
+                                  "heldout": heldout_now()})
+                    print(json.dumps(curve[-1]), flush=True)
+                    rewards, last = [], time.time()
+        curve.append({"t": time.time() - t0, "heldout": heldout_now()})
+        print(json.dumps(curve[-1]), flush=True)
+    except APIConnectionError:
+        # The flow stopped (its stop.max_minutes) first: keep the curve measured so far.
+        print(f"the endpoint at {url} went away after {time.time() - t0:.0f}s; "
+              "the curve ends at its last held-out check", flush=True)
     return curve
 
 
