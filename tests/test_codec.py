@@ -78,12 +78,14 @@ def test_hf_codec_on_smollm2(smollm2_dir):  # noqa: F811
     assert ids[-len(prompt):] == prompt
     reply = codec.encode("12 + 7 = 19")
     assert codec.decode([*reply, 2, *codec.encode("<|im_start|>user\nmore")]) == "12 + 7 = 19"
-    # A user turn after the model's: exactly the ids the template gives the conversation.
+    # A user turn after the model's (`continuation`, which the judge's blind verifier
+    # uses): exactly the ids the template gives the conversation.
+    from astraflow.rollout.chat import continuation
+
     own = codec.encode("19")
-    ask = codec.encode_user_turn("Is it right?")
+    ask = continuation(codec, own, [{"role": "user", "content": "Is it right?"}])
     whole = tok.apply_chat_template([*CHAT, {"role": "assistant", "content": "19"},
                                      {"role": "user", "content": "Is it right?"}],
                                     tokenize=False, add_generation_prompt=True)
     assert ids + own + ask == tok.encode(whole, add_special_tokens=False)
     assert ask[0] == 2  # it opens by closing the model's turn
-

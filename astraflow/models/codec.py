@@ -163,19 +163,13 @@ class HFCodec:
         the template's turn closing, the message and the generation prompt."""
         from astraflow.envs.base import TOOL_CLOSE, TOOL_OPEN
 
-        return self.encode_user_turn(f"{TOOL_OPEN}{output}{TOOL_CLOSE}")
-
-    def encode_user_turn(self, content: str) -> list[int]:
-        """The ids that follow a model's (unclosed) turn when a `user` message with
-        `content` comes next: the template's turn closing, the message and the next
-        assistant turn opened (`content` as plain text for a model without a template),
-        so a multi-turn row holds exactly the ids the model was given."""
         if not self.is_chat:
-            return [int(i) for i in self.tokenizer.encode(content, add_special_tokens=False)]
+            return [int(i) for i in self.tokenizer.encode(f"{TOOL_OPEN}{output}{TOOL_CLOSE}",
+                                                          add_special_tokens=False)]
         marker = "\x00ASTRAFLOW-TURN\x00"
         text = self.tokenizer.apply_chat_template(
             [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker},
-             {"role": "user", "content": content}],
+             {"role": "user", "content": f"{TOOL_OPEN}{output}{TOOL_CLOSE}"}],
             add_generation_prompt=True, tokenize=False)
         after = text[text.index(marker) + len(marker):]
         return [int(i) for i in self.tokenizer.encode(after, add_special_tokens=False)]

@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from astraflow.envs.math import SUFFIX, MathEnv, Task, parse_answer
+from astraflow.rollout.chat import continuation
 from astraflow.workflows.base import Actor, Demo, EvalItem, Part, Workflow
 from astraflow.workflows.single import SingleTurn
 from astraflow.workflows.solver_verifier import SolverVerifier, near_miss
+
+if TYPE_CHECKING:
+    from astraflow.rollout.generation import Generation
 
 ACCEPT, REJECT = "accept", "reject"
 TEMPLATE = ('A student was asked: "{question}"\nThe student answered: {answer}\n'
@@ -34,12 +38,12 @@ only yes or no" drew "No, …" for nine answers in ten."""
 WORKED = ('A student was asked: "{question}"\nThe student answered: {answer}\n'
           "First work the answer out yourself. Then say whether the student's answer is "
           "correct: end with one word, correct or incorrect.")
-ASK = ("The student answered: {answer}\nIs the student's answer correct? Answer with one "
-       "word: correct or incorrect.")
-"""The verifier's second message with `blind: true`, after it answered the question."""
 """The verifier's message with `worked: true`: it may compute before it judges, so it can
 judge with the solver's own skill; its last verdict word counts ("The correct answer is
 67, so it is incorrect" rejects)."""
+ASK = ("The student answered: {answer}\nIs the student's answer correct? Answer with one "
+       "word: correct or incorrect.")
+"""The verifier's second message with `blind: true`, after it answered the question."""
 #: Verdict words; the first one in the reply counts ("No, the correct answer is 67" rejects).
 #: A negation up to two words before "correct"/"right" rejects: SmolLM2 learnt to write
 #: "The student's answer is not entirely correct." (read as an accept before this).
@@ -116,13 +120,15 @@ class Judge(SolverVerifier):
     """`solver_verifier`'s roles and parameters (`verifiers`, `judge_samples`); the
     verifier judges in its own words instead of working the answer out through a tool.
 
-    Two options for the verifier's own learning (off by default, the paper's shape):
+    Options for the verifier's own learning (off by default, the paper's shape):
     `worked: true` asks it to work the answer out before its verdict (`WORKED`, the
-    last verdict word counts, `verdict_tokens` long); `balance: true` has it also judge
-    as many constructed answers per task (the gold answer, or a near miss) as make the
-    task's judged answers half right and half wrong. Those extra verdicts train the
-    verifier only: the solver's reward hangs on its own answers' verdicts. A worked
-    verdict pays only from a right working unless `pay_working: false`."""
+    last verdict word counts, `verdict_tokens` long); `blind: true` has it answer the
+    question in a turn of its own before it sees the answer (`ASK`); `balance: true`
+    has it also judge as many constructed answers per task (the gold answer, or a near
+    miss) as make the task's judged answers half right and half wrong. Those extra
+    verdicts train the verifier only: the solver's reward hangs on its own answers'
+    verdicts. A worked or blind verdict pays only from a right working unless
+    `pay_working: false`."""
 
     def __init__(self, env, codec, *, samples_per_prompt: int, worked: bool = False,
                  blind: bool = False, pay_working: bool = True, balance: bool = False,
@@ -133,9 +139,6 @@ class Judge(SolverVerifier):
         if worked and blind:
             raise ValueError("workflow.params: choose one of worked and blind (blind works "
                              "the answer out in a turn of its own)")
-        if blind and not callable(getattr(codec, "encode_user_turn", None)):
-            raise ValueError("workflow.params.blind needs a Hugging Face model's codec (a "
-                             "second user turn through its chat template)")
         self.worked, self.blind = worked, blind
         self.balance, self.verdict_tokens = balance, verdict_tokens
         self.pay_working = (worked or blind) and pay_working
@@ -190,34 +193,30 @@ class Judge(SolverVerifier):
         working text, finish reason)."""
         g = actor.generate(role, prompts, samples=self.judge_samples,
                            max_new_tokens=self.max_new_tokens(role))
-        return [([(c, lp)], self.codec.decode(c), self.codec.decode(c), why)
-                for c, lp, why in zip(g.completions, g.logprobs, g.finish_reasons, strict=True)]
+        return [([(c, lp)], text, text, why)
+                for c, lp, why in zip(g.completions, g.logprobs, g.finish_reasons, strict=True)
+                for text in [self.codec.decode(c)]]
 
-    def blind_turns(self, actor: Actor, role: str, prompts: list[list[int]],
-                    answers: list[str]) -> list[tuple]:
+    def blind_turns(self, generate: Callable[..., Generation], role: str,
+                    prompts: list[list[int]], answers: list[str], samples: int) -> list[tuple]:
         """`blind`: the verifier answers the question itself (its first turn, as long as
         the solver's), and only then is shown the student's answer (`ASK`) and gives its
         verdict; one row of both turns, the message between them masked. So it cannot
-        copy the answer it judges into its working. Per prompt and sample, as `one_turn`."""
-        m, codec = self.judge_samples, self.codec
-        first = actor.generate(role, prompts, samples=m, max_new_tokens=self.max_new_tokens("solver"))
-        asks, contexts = [], []
-        for j, own in enumerate(first.completions):
-            ask = self.ask_ids(own, answers[j // m])
-            asks.append(ask)
-            contexts.append(list(prompts[j // m]) + list(own) + ask)
-        second = actor.generate(role, contexts, samples=1, max_new_tokens=self.max_new_tokens(role))
+        copy the answer it judges into its working. `generate(prompts, samples,
+        max_new_tokens)` samples for training or plays greedily for held-out checks.
+        Per prompt and sample, as `one_turn`."""
+        codec = self.codec
+        first = generate(prompts, samples, self.max_new_tokens("solver"))
+        asks = [continuation(codec, own, [{"role": "user",
+                                           "content": ASK.format(answer=answers[j // samples])}])
+                for j, own in enumerate(first.completions)]
+        contexts = [list(prompts[j // samples]) + list(own) + ask
+                    for j, (own, ask) in enumerate(zip(first.completions, asks, strict=True))]
+        second = generate(contexts, 1, self.max_new_tokens(role))
         return [([(c1, lp1), (ask, None), (c2, lp2)], codec.decode(c2), codec.decode(c1), why)
                 for c1, lp1, ask, c2, lp2, why in zip(
                     first.completions, first.logprobs, asks, second.completions,
                     second.logprobs, second.finish_reasons, strict=True)]
-
-    def ask_ids(self, own: list[int], answer: str) -> list[int]:
-        """`ASK` with `answer` as the user turn after the verifier's own answer `own`."""
-        ask = self.codec.encode_user_turn(ASK.format(answer=answer))
-        if own and ask and own[-1] == ask[0] and own[-1] in self.codec.stop_ids:
-            ask = ask[1:]  # its turn ended at the end-of-turn token the message opens with
-        return ask
 
     def constructed(self, task: Task, right: Sequence[bool], rng: random.Random) -> list[str]:
         """`balance`'s extra answers for one task whose solver answers were `right`: one
@@ -257,7 +256,9 @@ class Judge(SolverVerifier):
         task_of = [tasks[i // per_task] for i in range(len(texts))]
         if self.blind:
             prompts = [self.encode_prompt(t.prompt) for t in task_of]
-            turns = {r: self.blind_turns(actor, r, prompts, texts) for r in judges}
+            turns = {r: self.blind_turns(
+                lambda p, n, most, r=r: actor.generate(r, p, samples=n, max_new_tokens=most),
+                r, prompts, texts, m) for r in judges}
         else:
             prompts = [self.judge_prompt(t, a) for t, a in zip(task_of, texts, strict=True)]
             turns = {r: self.one_turn(actor, r, prompts) for r in judges}
@@ -298,7 +299,8 @@ class Judge(SolverVerifier):
         word = "correct" if right else "incorrect"
         if self.blind:  # its own answer, the student's shown (read only), the verdict
             own, said = self.encode_answer(t.answer), self.encode_answer(word)
-            ask = self.ask_ids(own, cand)
+            ask = continuation(self.codec, own, [{"role": "user",
+                                                  "content": ASK.format(answer=cand)}])
             return Demo(self.encode_prompt(t.prompt), own + ask + said,
                         [1] * len(own) + [0] * len(ask) + [1] * len(said))
         said = (f"The answer is {t.answer}, so the student's answer is {word}." if self.worked
@@ -324,18 +326,16 @@ class Judge(SolverVerifier):
         the item's answer); everything else is one turn, as `Workflow.score`."""
         if role == "solver" or not self.blind:
             return super().score(role, engine, items, batch)
+        def greedy(prompts: list[list[int]], samples: int, most: int) -> Generation:
+            return engine.generate(prompts, max_new_tokens=most, greedy=True)
+
         right = 0
         for i in range(0, len(items), batch):
             chunk = items[i : i + batch]
-            prompts = [self.encode_prompt(it.prompt) for it in chunk]
-            own = engine.generate(prompts, max_new_tokens=self.max_new_tokens("solver"),
-                                  greedy=True).completions
-            contexts = [list(p) + list(c) + self.ask_ids(c, it.data["answer"])
-                        for p, c, it in zip(prompts, own, chunk, strict=True)]
-            said = engine.generate(contexts, max_new_tokens=self.max_new_tokens(role),
-                                   greedy=True).completions
-            right += sum(bool(it.check(self.codec.decode(c)))
-                         for it, c in zip(chunk, said, strict=True))
+            played = self.blind_turns(greedy, role, [self.encode_prompt(it.prompt) for it in chunk],
+                                      [it.data["answer"] for it in chunk], 1)
+            right += sum(bool(it.check(said)) for it, (_, said, _, _) in
+                         zip(chunk, played, strict=True))
         return right / max(len(items), 1)
 
     def max_new_tokens(self, role: str) -> int:
