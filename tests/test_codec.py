@@ -80,7 +80,7 @@ def test_hf_codec_on_smollm2(smollm2_dir):  # noqa: F811
     assert codec.decode([*reply, 2, *codec.encode("<|im_start|>user\nmore")]) == "12 + 7 = 19"
     # A user turn after the model's (`continuation`, which the judge's blind verifier
     # uses): exactly the ids the template gives the conversation.
-    from astraflow.rollout.chat import continuation
+    from astraflow.models.turns import continuation
 
     own = codec.encode("19")
     ask = continuation(codec, own, [{"role": "user", "content": "Is it right?"}])

@@ -5,8 +5,8 @@ tiny character model, a base model) reads them as plain text, tool output wrappe
 `<tool>…</tool>`. Tools are listed in a system message and called as
 `<tool_call>{"name": …, "arguments": {…}}</tool_call>` (the Hermes/Qwen format), for
 every model alike: a template's own tool support differs per model and most small
-models have none. `continuation` renders messages that follow a model turn as the
-template would, so a later call can extend the exact ids of the earlier one.
+models have none. The ids themselves (`render`, `continuation`, `no_bos`) come from
+`astraflow.models.turns`, which the multi-turn workflows use too.
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from typing import Any
 from astraflow.models.codec import Codec
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-TOOL_OPEN, TOOL_CLOSE = "<tool>", "</tool>"
 _CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.S)
-_MARKER = "\x00ASTRAFLOW-TURN\x00"
 
 
 class BadRequest(ValueError):
@@ -108,22 +106,6 @@ def with_tools(messages: list[dict[str, str]], tools: Sequence[dict[str, Any]]
     return [{"role": "system", "content": listing}, *messages]
 
 
-def _plain(messages: Sequence[dict[str, str]]) -> str:
-    """What a model without a chat template reads: the contents in order, tool output
-    wrapped in `<tool>…</tool>`."""
-    return "".join(f"{TOOL_OPEN}{m['content']}{TOOL_CLOSE}" if m["role"] == "tool"
-                   else m["content"] for m in messages)
-
-
-def no_bos(codec: Codec, text: str) -> list[int]:
-    tok = getattr(codec, "tokenizer", None)
-    if tok is not None:
-        return [int(i) for i in tok.encode(text, add_special_tokens=False)]
-    ids = codec.encode(text)
-    bos = getattr(codec, "bos_id", None)
-    return ids[1:] if ids and ids[0] == bos else ids
-
-
 def vocab_size(codec: Codec) -> int:
     """Token ids a prompt may use: the tokenizer's (HF) or the alphabet's (tiny model)."""
     tok = getattr(codec, "tokenizer", None)
@@ -131,31 +113,6 @@ def vocab_size(codec: Codec) -> int:
     if vocab is None:
         raise TypeError(f"{type(codec).__name__} has neither a tokenizer nor a vocab")
     return len(vocab)
-
-
-def render(codec: Codec, messages: list[dict[str, str]]) -> list[int]:
-    """The prompt ids of a whole conversation, the assistant's turn opened."""
-    if not codec.is_chat:
-        return codec.encode(_plain(messages))
-    return codec.encode_chat(messages)
-
-
-def continuation(codec: Codec, after: list[int], messages: list[dict[str, str]]) -> list[int]:
-    """The ids that follow a model turn `after` (its completion ids) when `messages`
-    come next: the template's turn closing, the messages, the next turn's opening.
-    Rendered behind a marker assistant message, as `encode_tool_turn` does; when the
-    model's turn already ended with the template's end-of-turn token, it is not
-    repeated."""
-    if not codec.is_chat:
-        return no_bos(codec, _plain(messages))
-    tok: Any = getattr(codec, "tokenizer", None)  # HFCodec: chat codecs have one
-    text = tok.apply_chat_template(
-        [{"role": "user", "content": "q"}, {"role": "assistant", "content": _MARKER},
-         *messages], add_generation_prompt=True, tokenize=False)
-    ids = no_bos(codec, text[text.index(_MARKER) + len(_MARKER):])
-    if after and ids and after[-1] in codec.stop_ids and ids[0] == after[-1]:
-        ids = ids[1:]
-    return ids
 
 
 def parse_calls(text: str, tools: Sequence[dict[str, Any]]

@@ -26,14 +26,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from astraflow.models.turns import continuation, no_bos, render
 from astraflow.rollout.chat import (
     CALL_CLOSE,
     BadRequest,
-    continuation,
     flatten,
-    no_bos,
     parse_calls,
-    render,
     same_reply,
     vocab_size,
     with_tools,

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from astraflow.envs.math import SUFFIX, MathEnv, Task, parse_answer
-from astraflow.rollout.chat import continuation
+from astraflow.models.turns import continuation
 from astraflow.workflows.base import Actor, Demo, EvalItem, Part, Workflow
 from astraflow.workflows.single import SingleTurn
 from astraflow.workflows.solver_verifier import SolverVerifier, near_miss
