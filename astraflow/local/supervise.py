@@ -8,8 +8,9 @@ doubles with consecutive quick failures, and only a crash loop
 (`max_quick_crashes` in a row) stops the run. The live process table goes to
 `components.json` in the run folder so operators can find every pid; components
 stop by themselves when the launcher's pid disappears (`stop_flag`), and a new
-launcher clears any leftovers. Restarts fork from a warm zygote
-(`local/zygote.py`) that imported torch, transformers and lancedb once.
+launcher clears any leftovers. Components, at the start and on every restart, fork
+from a warm zygote (`local/zygote.py`) that imported torch, transformers and lancedb
+once.
 """
 
 from __future__ import annotations
@@ -219,12 +220,25 @@ class Supervisor:
         self.zygote_log = zygote_log
         self.zygote: Zygote | None = None
 
-    def start_all(self) -> None:
+    def start_all(self, ready_timeout_s: float = 300.0) -> None:
+        """Start every component, each forked from the zygote once it has imported:
+        one import of torch, transformers and lancedb instead of one per component, all
+        competing for the same cores (plus the zygote's own, for restarts). A zygote
+        that dies or is not ready in `ready_timeout_s` is said in the log, and the
+        components start cold."""
         self._stop_leftovers()
-        for c in self.components:
-            c.start()
         if self.zygote_log is not None:
             self.zygote = Zygote(self.zygote_log, self._label)
+            deadline = time.time() + ready_timeout_s
+            while (not self.zygote.ready.wait(0.2) and self.zygote.alive
+                   and time.time() < deadline):
+                pass
+            if not self.zygote.ready.is_set():
+                log.warning("zygote not ready (%s; see %s): starting the components cold",
+                            "exited" if not self.zygote.alive else
+                            f"{ready_timeout_s:.0f} s", self.zygote_log)
+        for c in self.components:
+            c.start(self._warm_zygote())
         self._write_state()
 
     def _warm_zygote(self) -> Zygote | None:
