@@ -167,7 +167,7 @@ def test_sigkill_the_launcher_then_run_again(tmp_path):
     """The launcher is a component too: SIGKILL it mid-run. Its components notice and
     stop (no orphans left to race a second trainer); running the flow again resumes the
     run folder and finishes it with a clean audit."""
-    flow_d = {**KILL_FLOW, "name": "relaunch", "stop": {**KILL_FLOW["stop"], "max_steps": 24}}
+    flow_d = {**KILL_FLOW, "name": "relaunch", "stop": {**KILL_FLOW["stop"], "max_steps": 14}}
     flow = tmp_path / "relaunch.yaml"
     flow.write_text(yaml.safe_dump(flow_d))
     run = tmp_path / "runs" / "relaunch"
@@ -175,7 +175,7 @@ def test_sigkill_the_launcher_then_run_again(tmp_path):
     first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)
     try:
-        wait_until(lambda: progress_step(run) >= 6, 240, "step 6")
+        wait_until(lambda: progress_step(run) >= 4, 240, "step 4")
         pids = [pid_of(run, n) for n in ("trainer-solver", "rollout-w0", "rollout-w1")]
         assert all(pids)
         os.killpg(first.pid, signal.SIGKILL)  # the launcher alone: components have their own sessions
@@ -193,15 +193,15 @@ def test_sigkill_the_launcher_then_run_again(tmp_path):
 
         wait_until(gone, 30, "the orphaned components to stop by themselves")
         stalled_at = progress_step(run)
-        assert stalled_at < 23
+        assert stalled_at < 13
     finally:
         stop_run(first, run)
     second = subprocess.run(argv, capture_output=True, text=True, timeout=400)
     assert second.returncode == 0, second.stdout + second.stderr
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["stop_reason"] == "max_steps" and summary["ledger"]["steps"] == 24
+    assert summary["stop_reason"] == "max_steps" and summary["ledger"]["steps"] == 14
     audit = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(run), "--json"],
                            capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     counts = json.loads(audit.stdout)["policies"]["solver"]
-    assert counts["steps"] == 24 and counts["duplicate_rows"] == 0 and counts["violations"] == 0
+    assert counts["steps"] == 14 and counts["duplicate_rows"] == 0 and counts["violations"] == 0

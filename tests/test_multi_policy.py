@@ -258,7 +258,7 @@ MP_FLOW = {
                 "max_backlog_batches": 2},
     "trainer": {"checkpoint_every": 4},
     "stages": [{"name": "staleness", "params": {"max_versions": 4}}, {"name": "group_advantages"}],
-    "stop": {"max_steps": 40, "max_minutes": 6, "eval_every_s": 5, "live_eval_size": 20},
+    "stop": {"max_steps": 24, "max_minutes": 6, "eval_every_s": 5, "live_eval_size": 20},
 }
 
 
@@ -313,7 +313,7 @@ def test_one_trainer_killed_and_resumed_while_the_other_keeps_training(tmp_path)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     counts = json.loads(audit.stdout)["policies"]
     for p in ("solver", "verifier"):
-        assert counts[p]["steps"] == 40 and counts[p]["duplicate_rows"] == 0
+        assert counts[p]["steps"] == MP_FLOW["stop"]["max_steps"] and counts[p]["duplicate_rows"] == 0
         assert counts[p]["violations"] == 0
     # Killed between checkpoints (after step 3 and before step 7), it lost steps 4 and 5:
     # exactly one rollback voids them.
@@ -387,5 +387,5 @@ def test_a_held_back_trainers_policy_is_not_generated_while_the_other_trains(tmp
     assert audit.returncode == 0, audit.stdout + audit.stderr
     counts = json.loads(audit.stdout)["policies"]
     for p in ("solver", "verifier"):
-        assert counts[p]["steps"] == 40 and counts[p]["violations"] == 0
+        assert counts[p]["steps"] == MP_FLOW["stop"]["max_steps"] and counts[p]["violations"] == 0
         assert counts[p]["duplicate_rows"] == 0

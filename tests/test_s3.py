@@ -110,7 +110,7 @@ def test_run_survives_a_15s_store_outage(s3_env, moto_server, tmp_path):
     the audit is clean, and the secret key appears nowhere."""
     flow = {**FLOW, "name": "s3run", "store": {"uri": f"s3://{s3_env}/runs/s3run"},
             "trainer": {"checkpoint_every": 5},
-            "stop": {**FLOW["stop"], "max_steps": 24, "max_minutes": 6}}
+            "stop": {**FLOW["stop"], "max_steps": 16, "max_minutes": 6}}
     path = tmp_path / "s3run.yaml"
     path.write_text(yaml.safe_dump(flow))
     env = {**os.environ, "ASTRAFLOW_CACHE": str(tmp_path / "cache")}
@@ -122,8 +122,8 @@ def test_run_survives_a_15s_store_outage(s3_env, moto_server, tmp_path):
     progress = Ledger(f"s3://{s3_env}/runs/s3run")
     try:
         deadline = time.time() + 240
-        while (p := progress.progress("solver")) is None or p.step < 6:
-            assert launcher.poll() is None and time.time() < deadline, "run never reached step 6"
+        while (p := progress.progress("solver")) is None or p.step < 4:
+            assert launcher.poll() is None and time.time() < deadline, "run never reached step 4"
             time.sleep(0.5)
         paused_at_step = p.step
         moto_server.pause()
@@ -136,13 +136,13 @@ def test_run_survives_a_15s_store_outage(s3_env, moto_server, tmp_path):
     assert launcher.returncode == 0, out
     run = runs / "s3run"
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["stop_reason"] == "max_steps" and summary["ledger"]["steps"] == 24
-    assert paused_at_step < 20  # the outage really hit the middle of the run
+    assert summary["stop_reason"] == "max_steps" and summary["ledger"]["steps"] == 16
+    assert paused_at_step < 12  # the outage really hit the middle of the run
     audit = subprocess.run([sys.executable, "-m", "astraflow", "audit", str(run), "--json"],
                            capture_output=True, text=True, timeout=300, env=env)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     counts = json.loads(audit.stdout)["policies"]["solver"]
-    assert counts["steps"] == 24 and counts["duplicate_rows"] == 0 and counts["violations"] == 0
+    assert counts["steps"] == 16 and counts["duplicate_rows"] == 0 and counts["violations"] == 0
     # The outage was felt: the trainer's steps stalled while the store was away.
     times = sorted(e.time for e in RunContext.open(run).ledger().history("solver"))
     assert max(b - a for a, b in zip(times, times[1:], strict=False)) >= 10
