@@ -194,9 +194,11 @@ def main() -> None:
                          "runs/bench/v0-math-solver-verifier) instead of warm-starting: the "
                          "same weights for runs of two code versions")
     ap.add_argument("--set", dest="sets", action="append", default=[],
-                    help="flow override for every run, e.g. stop.live_eval_size=50")
+                    help="flow override for every run and for making version 0 (a "
+                         "warm start plays the workflow the runs play), e.g. "
+                         "stop.live_eval_size=50")
     ap.add_argument("--v0-set", dest="v0_sets", action="append", default=[],
-                    help="flow override for making version 0 only, e.g. "
+                    help="flow override for making version 0 only, over --set, e.g. "
                          "policies.0.warm_start.max_steps=150 for a shorter warm start")
     ap.add_argument("--waste-only", action="store_true",
                     help="only the decoupled runs of parts 1 and 3, and their row counts")
@@ -213,7 +215,7 @@ def main() -> None:
     root = Path(args.root)
     t_all = time.time()
     v0 = (version0_from(args.flow, args.v0_from) if args.v0_from
-          else version0(args.flow, root, console, args.v0_sets))
+          else version0(args.flow, root, console, {**args.sets, **args.v0_sets}))
     results: dict[str, Any] = {"compare": [], "scale": []}
 
     console.print("[bold]1. decoupled (async) vs trainer-centred (sync), measured here[/bold]")
