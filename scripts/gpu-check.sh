@@ -47,7 +47,9 @@ STATUS=0
 
 # --- 1. The gpu-marked tests ----------------------------------------------------------
 echo "== pytest -m gpu"
-"$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/ --junitxml="$OUT/gpu-tests.xml" \
+# -o addopts="": one process, not pyproject's two xdist workers sharing the GPU (and no
+# need for pytest-xdist in a venv made before it joined the dev extra).
+"$PY" -m pytest -o addopts="" -m gpu -q -rs -p no:cacheprovider tests/ --junitxml="$OUT/gpu-tests.xml" \
   >"$OUT/gpu-tests.log" 2>&1
 TESTS_RC=$?
 tail -n 15 "$OUT/gpu-tests.log"
