@@ -183,6 +183,14 @@ class Zygote:
                 with self._lock:
                     self._exits[msg["exit"]] = msg["code"]
 
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Whether it finished its imports within `timeout_s`; False at once if it died."""
+        deadline = time.time() + timeout_s
+        while not self.ready.wait(0.2):
+            if not self.alive or time.time() > deadline:
+                return False
+        return True
+
     def exit_code(self, pid: int) -> int | None:
         with self._lock:
             return self._exits.get(pid)
@@ -229,14 +237,10 @@ class Supervisor:
         self._stop_leftovers()
         if self.zygote_log is not None:
             self.zygote = Zygote(self.zygote_log, self._label)
-            deadline = time.time() + ready_timeout_s
-            while (not self.zygote.ready.wait(0.2) and self.zygote.alive
-                   and time.time() < deadline):
-                pass
-            if not self.zygote.ready.is_set():
+            if not self.zygote.wait_ready(ready_timeout_s):
                 log.warning("zygote not ready (%s; see %s): starting the components cold",
-                            "exited" if not self.zygote.alive else
-                            f"{ready_timeout_s:.0f} s", self.zygote_log)
+                            f"not in {ready_timeout_s:.0f} s" if self.zygote.alive
+                            else "exited", self.zygote_log)
         for c in self.components:
             c.start(self._warm_zygote())
         self._write_state()

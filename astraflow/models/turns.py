@@ -1,6 +1,6 @@
 """Conversations as token ids, with the model's own chat template.
 
-Shared by the OpenAI-compatible endpoint (`astraflow.rollout.chat`) and by workflows
+Shared by the OpenAI-compatible endpoint (`astraflow.rollout.endpoint`) and by workflows
 that play several turns in one row (the blind judge): both must extend a model turn's
 exact ids with what comes next, as the template would render it, so a trained row
 holds the tokens the model saw. A model without a template (the tiny character model,
