@@ -1,7 +1,8 @@
 """The forward pass that feeds the loss: each completion token's logprob under a model.
 
-`completion_logprobs` runs the backbone once, then the output head and log-softmax
-only at completion positions, a chunk of tokens at a time under activation
+`completion_logprobs` runs the backbone once (each distinct prompt once, when rows
+share one: astraflow.train.prefix), then the output head and log-softmax only at
+completion positions, a chunk of tokens at a time under activation
 checkpointing, so neither forward nor backward holds a (batch × sequence ×
 vocabulary) tensor. `completion_logprobs_reference` is the plain full-vocabulary
 computation the tests and `benchmarks/memory.py` compare against. `LogprobModel`
@@ -10,12 +11,17 @@ wraps a model so that one forward covers the whole pass (what FSDP2 needs).
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from astraflow.train.prefix import prefix_hidden
+
+log = logging.getLogger(__name__)
 
 
 def _right_padded(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
@@ -123,6 +129,42 @@ def _check_head_matches(model: torch.nn.Module, parts: _Parts) -> None:
     _VERIFIED.add(model)
 
 
+#: Models whose shared-prompt pass `_prefix_matches` has checked: True where it matches.
+_PREFIX: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def _prefix_matches(model: torch.nn.Module, parts: _Parts) -> bool:
+    """Once per model object: the shared-prompt pass (astraflow.train.prefix) must give
+    the plain pass's logprobs. An architecture whose forward does not take position ids
+    and a KV cache the way Llama-style models do keeps the plain pass, with a warning
+    (it is slower, never different)."""
+    known = _PREFIX.get(model)
+    if known is not None:
+        return known
+    prompts, comps = [[5, 1, 2], [5, 1, 2], [3, 1]], [[1, 2, 4], [2], [0, 1, 2, 6]]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            ids, attn, tmask = _right_padded(prompts, comps, 0)
+            dev = device_of(model)
+            want, _ = _token_logprobs(parts, ids.to(dev), attn.to(dev), tmask.to(dev), 1.0,
+                                      1024, False)
+            h, targets = prefix_hidden(parts.backbone, prompts, comps, 0)
+            got, _ = _head_logprobs(parts, h, targets, 1.0, 1024, False)
+        ok = got.shape == want.shape and torch.allclose(got, want, atol=1e-3, rtol=1e-3)
+        why = "its logprobs differ from the plain pass"
+    except (TypeError, ValueError, RuntimeError, AttributeError) as e:
+        ok, why = False, f"{type(e).__name__}: {e}"
+    finally:
+        model.train(was_training)
+    if not ok:
+        log.warning("%s: rows that share a prompt run it once each (the shared-prompt pass "
+                    "does not fit this architecture: %s)", type(model).__name__, why)
+    _PREFIX[model] = ok
+    return ok
+
+
 def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
                     temperature: float, entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprobs of `targets` (with grad) and, if asked, the entropy of each position's
@@ -153,7 +195,9 @@ def completion_logprobs(
     row by row.
 
     Sequences are right-padded, so positions start at 0 for every row exactly as
-    in the rollout engine's left-padded decode with explicit position ids. The
+    in the rollout engine's left-padded decode with explicit position ids. Rows
+    that share a prompt (a GRPO group) run it once (astraflow.train.prefix, laid
+    out as the engine lays it out), the completions on its KV cache. The
     backbone runs once; the head and log-softmax run only at completion
     positions, `chunk_tokens` at a time, each chunk under activation
     checkpointing: backward recomputes a chunk's logits instead of keeping them,
@@ -171,6 +215,10 @@ def completion_logprobs(
         return TokenLogprobs(out, ent.detach() if entropy else None)
     parts = _parts(model)
     _check_head_matches(model, parts)
+    if len({tuple(p) for p in prompts}) < len(prompts) and _prefix_matches(model, parts):
+        h, targets = prefix_hidden(parts.backbone, prompts, completions, pad_id)
+        out, ent = _head_logprobs(parts, h, targets, temperature, chunk_tokens, entropy)
+        return TokenLogprobs(out, ent.detach() if entropy else None)
     device = device_of(model)
     if device.type != "cpu":
         ids, attn, target_mask = ids.to(device), attn.to(device), target_mask.to(device)
@@ -191,6 +239,12 @@ def _token_logprobs(parts: _Parts, ids: torch.Tensor, attn: torch.Tensor,
     hidden = parts.backbone(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
     h = hidden[:, :-1, :][target_mask]           # (tokens, hidden)
     targets = ids[:, 1:][target_mask]            # (tokens,)
+    return _head_logprobs(parts, h, targets, temperature, chunk_tokens, entropy)
+
+
+def _head_logprobs(parts: _Parts, h: torch.Tensor, targets: torch.Tensor, temperature: float,
+                   chunk_tokens: int, entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Head + log-softmax over (tokens, hidden) states, `chunk_tokens` at a time."""
     pieces: list[torch.Tensor] = []
     ent: list[torch.Tensor] = []
     for s in range(0, h.shape[0], chunk_tokens):
