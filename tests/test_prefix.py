@@ -101,3 +101,15 @@ def test_an_architecture_the_shared_pass_does_not_fit_keeps_the_plain_pass(monke
     assert "shared-prompt pass does not fit" in caplog.records[0].message
     ref = completion_logprobs_reference(model, PROMPTS, COMPS, 0)
     assert (out - ref).abs().max() < 1e-5
+
+
+def test_gradient_checkpointing_keeps_the_plain_pass():
+    """A checkpointed model keeps no KV cache while it trains: the plain pass runs, with
+    the reference's numbers."""
+    model = _models()[0][1].train()
+    model.gradient_checkpointing_enable()
+    ref = completion_logprobs_reference(model, PROMPTS, COMPS, 0)
+    out = completion_logprobs(model, PROMPTS, COMPS, 0).logprobs
+    assert (out - ref).abs().max() < 1e-5
+    out.sum().backward()
+    assert model.model.embed_tokens.weight.grad is not None

@@ -215,7 +215,11 @@ def completion_logprobs(
         return TokenLogprobs(out, ent.detach() if entropy else None)
     parts = _parts(model)
     _check_head_matches(model, parts)
-    if len({tuple(p) for p in prompts}) < len(prompts) and _prefix_matches(model, parts):
+    # Under gradient checkpointing a model keeps no KV cache while it trains (its layers
+    # run again in backward), so there the plain pass runs.
+    checkpointed = torch.is_grad_enabled() and getattr(model, "is_gradient_checkpointing", False)
+    if (len({tuple(p) for p in prompts}) < len(prompts) and not checkpointed
+            and _prefix_matches(model, parts)):
         h, targets = prefix_hidden(parts.backbone, prompts, completions, pad_id)
         out, ent = _head_logprobs(parts, h, targets, temperature, chunk_tokens, entropy)
         return TokenLogprobs(out, ent.detach() if entropy else None)

@@ -9,7 +9,9 @@ so gradient flows back into the prompt's activations once per prompt (exactly th
 of the rows' gradients: the graph is the same, shared). On SmolLM2, 8 prompts × 4
 samples, the forward and backward took 4.7 s instead of 12 s on 2 CPU threads.
 
-The layout matches the rollout engine's (astraflow.rollout.engine): prompts
+Not under gradient checkpointing: a checkpointed model keeps no KV cache while it
+trains (astraflow.train.logprobs runs the plain pass there). The layout matches the
+rollout engine's (astraflow.rollout.engine): prompts
 left-padded with explicit position ids, so every token sits at the position it was
 sampled at.
 """
@@ -71,6 +73,10 @@ def prefix_hidden(backbone: torch.nn.Module, prompts: Sequence[Sequence[int]],
     if c_width <= 1:
         return last[tmask[:, 0]], targets[:, 0][tmask[:, 0]]
     cache = getattr(out, kw)
+    if cache is None:
+        raise RuntimeError(f"{type(backbone).__name__} returned no KV cache (gradient "
+                           f"checkpointing in training turns it off): the shared-prompt pass "
+                           f"needs one")
     cache.batch_select_indices(rows)                       # each row's copy of its prompt's KV
     c_in = targets[:, :-1]
     c_attn = tmask[:, :-1].long()                          # input j is completion token j
