@@ -165,6 +165,7 @@ def run_together(trainers: list[Trainer], *, max_steps: int, deadline: float | N
     poll = trainers[0].ctx.flow.trainer.poll_interval_s
     for t in trainers:
         t.ledger.metrics_every_s = t.ctx.flow.store.metrics_every_s
+        t.publisher.background = t.ctx.flow.mode != "sync"  # as Trainer.run does
     try:
         while not should_stop() and (deadline is None or time.time() <= deadline):
             due = [t for t in trainers if t.step < max_steps]
@@ -190,6 +191,7 @@ def run_together(trainers: list[Trainer], *, max_steps: int, deadline: float | N
     finally:
         for t in trainers:
             t.ledger.metrics_every_s = 0.0
+            t.publisher.background = False
             t.ledger.flush_metrics()
     for t in trainers:
         took = t.save_checkpoint()

@@ -27,6 +27,7 @@ import torch
 
 from astraflow import testing
 from astraflow.context import RunContext
+from astraflow.models import lora
 from astraflow.models.codec import load_codec
 from astraflow.models.hf import carried_files, load_policy, save_policy
 from astraflow.stores import LedgerEntry, Progress, Slice, replay
@@ -39,7 +40,7 @@ from astraflow.train.dist import Ranks, compute_dtype, peak_memory_mb
 from astraflow.train.fsdp import ShardedStep, full_state_dict, shard
 from astraflow.train.lineage import Lineage
 from astraflow.train.logprobs import LogprobModel
-from astraflow.train.publisher import Publisher
+from astraflow.train.publisher import Publisher, frozen_state
 from astraflow.train.step import Step, optimize, step_settings
 from astraflow.train.version0 import reference_model
 
@@ -78,9 +79,9 @@ class Trainer:
         # Replicas near rollout pools get each version from a background thread.
         self.mirror = Mirror(self.weights, ctx.replicas(), self.policy,
                              keep_last=ctx.flow.store.keep_last)
-        # Deltas are published from a thread (sync mode's worker reads the version at once).
-        self.publisher = Publisher(self.weights, self.policy, ctx.flow.store, self.mirror, background=(
-            ctx.flow.store.delta_chain > 0 and ctx.flow.mode != "sync"))
+        # Versions are written from a thread only inside `run` (see there).
+        self.publisher = Publisher(self.weights, self.policy, ctx.flow.store, self.mirror,
+                                   background=False)
         self._restore()
         if self.main:
             self.mirror.start()
@@ -374,8 +375,15 @@ class Trainer:
         version = None
         if self.main:
             staging = self.weights.staging_dir(self.policy)
-            self._save(staging, state)
-            version = self.publisher.publish(staging, step=self.step, parent=source, lineage=depth)
+            if self.publisher.background and state is None and not lora.is_peft(self.model):
+                state = frozen_state(self.model)  # the next step moves the live weights
+            if self.publisher.background and state is not None:
+                write = partial(self._save, staging, state)
+            else:  # sync mode, or a LoRA policy's adapters (small): written now
+                self._save(staging, state)
+                write = None
+            version = self.publisher.publish(staging, step=self.step, parent=source,
+                                             lineage=depth, write=write)
         self.version = self.ranks.share(version)
         self.lineage.add(self.version, source, depth)
         self.updates_since_publish = 0
@@ -389,10 +397,15 @@ class Trainer:
         # Metrics are batched only inside this loop (`store.metrics_every_s`), which
         # flushes them when it ends: a direct `train_on` commits its own at once.
         self.ledger.metrics_every_s = self.ctx.flow.store.metrics_every_s
+        # So are versions written from a thread (async mode; sync mode's worker reads each
+        # version at once): a direct `train_on`, or the republish of a restore, has its
+        # version out when it returns.
+        self.publisher.background = self.ctx.flow.mode != "sync"
         try:
             return self._loop(max_steps, deadline, should_stop)
         finally:
             self.ledger.metrics_every_s = 0.0
+            self.publisher.background = False  # a pending write is awaited by the next call
             if self.main:
                 self.ledger.flush_metrics()
 
