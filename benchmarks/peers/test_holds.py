@@ -25,7 +25,7 @@ from astraflow.context import RunContext
 from astraflow.local.evaluate import Evaluator
 from tests.hf_fixtures import smollm2_dir  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 14
 GAIN = 0.30   # learnt: held-out at least this far over version 0
 FALL = 0.25   # held: once learnt, never this far below the running best (a collapse)
