@@ -208,18 +208,16 @@ def completion_logprobs(
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     ids, attn, target_mask = _right_padded(prompts, completions, pad_id)
+    repeats = len({tuple(p) for p in prompts}) < len(prompts)
     if isinstance(model, LogprobModel):  # one forward FSDP can hook (see LogprobModel)
         device = model.device
+        shared = (prompts, completions, pad_id) if repeats and model.shared_ok() else None
         out, ent = model(ids.to(device), attn.to(device), target_mask.to(device),
-                         temperature, chunk_tokens, entropy)
+                         temperature, chunk_tokens, entropy, shared)
         return TokenLogprobs(out, ent.detach() if entropy else None)
     parts = _parts(model)
     _check_head_matches(model, parts)
-    # Under gradient checkpointing a model keeps no KV cache while it trains (its layers
-    # run again in backward), so there the plain pass runs.
-    checkpointed = torch.is_grad_enabled() and getattr(model, "is_gradient_checkpointing", False)
-    if (len({tuple(p) for p in prompts}) < len(prompts) and not checkpointed
-            and _prefix_matches(model, parts)):
+    if repeats and not _checkpointed(model) and _prefix_matches(model, parts):
         h, targets = prefix_hidden(parts.backbone, prompts, completions, pad_id)
         out, ent = _head_logprobs(parts, h, targets, temperature, chunk_tokens, entropy)
         return TokenLogprobs(out, ent.detach() if entropy else None)
@@ -228,6 +226,12 @@ def completion_logprobs(
         ids, attn, target_mask = ids.to(device), attn.to(device), target_mask.to(device)
     out, ent = _token_logprobs(parts, ids, attn, target_mask, temperature, chunk_tokens, entropy)
     return TokenLogprobs(out, ent.detach() if entropy else None)
+
+
+def _checkpointed(model: torch.nn.Module) -> bool:
+    """Training under gradient checkpointing: the model keeps no KV cache then (its
+    layers run again in backward), so the shared-prompt pass cannot run."""
+    return torch.is_grad_enabled() and bool(getattr(model, "is_gradient_checkpointing", False))
 
 
 def device_of(model: torch.nn.Module) -> torch.device:
@@ -277,13 +281,25 @@ class LogprobModel(torch.nn.Module):
 
     def __init__(self, policy: torch.nn.Module, device: torch.device):
         super().__init__()
-        _check_head_matches(policy, _parts(policy))  # before sharding: it calls the model
+        parts = _parts(policy)
+        _check_head_matches(policy, parts)  # before sharding: these call the model
+        self._prefix = _prefix_matches(policy, parts)
         self.policy = policy
         self.device = device
 
+    def shared_ok(self) -> bool:
+        """May rows that share a prompt run it once (astraflow.train.prefix)?"""
+        return self._prefix and not _checkpointed(self.policy)
+
     def forward(self, ids: torch.Tensor, attn: torch.Tensor, target_mask: torch.Tensor,
-                temperature: float, chunk_tokens: int, entropy: bool
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        return _token_logprobs(_parts(self.policy), ids, attn, target_mask, temperature,
-                               chunk_tokens, entropy)
+                temperature: float, chunk_tokens: int, entropy: bool,
+                shared: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`shared`: (prompts, completions, pad id) for the shared-prompt pass; the
+        padded `ids` pass otherwise."""
+        parts = _parts(self.policy)
+        if shared is not None:
+            h, targets = prefix_hidden(parts.backbone, *shared)
+            return _head_logprobs(parts, h, targets, temperature, chunk_tokens, entropy)
+        return _token_logprobs(parts, ids, attn, target_mask, temperature, chunk_tokens,
+                               entropy)
 

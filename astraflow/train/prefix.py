@@ -2,18 +2,13 @@
 
 Why: a GRPO batch holds `samples_per_prompt` completions of every prompt, and the
 prompt is most of each row (SmolLM2's math question with its chat template is ~46
-tokens, the completion ≤ 12). Running every row's prompt again costs the trainer that
-many times the prompt's forward and backward. Here each distinct prompt runs once,
-its KV cache is then indexed out to its rows, and only the completions run on top,
-so gradient flows back into the prompt's activations once per prompt (exactly the sum
-of the rows' gradients: the graph is the same, shared). On SmolLM2, 8 prompts × 4
-samples, the forward and backward took 4.7 s instead of 12 s on 2 CPU threads.
-
-Not under gradient checkpointing: a checkpointed model keeps no KV cache while it
-trains (astraflow.train.logprobs runs the plain pass there). The layout matches the
-rollout engine's (astraflow.rollout.engine): prompts
-left-padded with explicit position ids, so every token sits at the position it was
-sampled at.
+tokens, the completion ≤ 12). Here each distinct prompt runs once, its KV cache is
+indexed out to its rows, and only the completions run on top: the same graph, shared,
+so the gradients are the per-row pass's. On SmolLM2, 8 prompts × 4 samples, forward
+and backward took 4.7 s instead of 12 s on 2 CPU threads. Not under gradient
+checkpointing (no KV cache while a checkpointed model trains; astraflow.train.logprobs
+runs the plain pass there). Prompts are left-padded with explicit position ids, as
+the rollout engine lays them out (astraflow.rollout.engine).
 """
 
 from __future__ import annotations

@@ -3,11 +3,8 @@
     step ─► copy the weights ─► Publisher.publish ─► [thread] save_policy(staging), hash,
         delta against the parent, rename or upload, manifest last; prune; kick the mirror
 
-In async mode the save and everything after it run in one background thread while
-the trainer goes on with its next step: it saves a copy of the weights taken when the
-version was handed over (a LoRA policy's small adapters are saved at once instead).
-Writing and hashing SmolLM2's 540 MB took 1.3-2.6 s of each 11-17 s trainer step on
-this project's 2-core machine. The version number is fixed when the
+In async mode the save and all after it run in one background thread while the
+trainer goes on: it saves a copy of the weights taken at hand-over (docs/weights.md). The version number is fixed when the
 version is handed over, after the previous publish has finished, so numbers and
 chains stay in order. A checkpoint waits for the pending publish first, so it never
 names a version that is not out; a SIGKILL mid-publish leaves a payload without a
