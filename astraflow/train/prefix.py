@@ -13,10 +13,11 @@ the rollout engine lays them out (astraflow.rollout.engine).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 
 import torch
+
+from astraflow.models.hf import cache_kwarg
 
 
 def shared_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[Sequence[int]], list[int]]:
@@ -27,12 +28,6 @@ def shared_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[Sequence[int]
     for p, i in zip(prompts, index, strict=True):
         distinct[i] = p
     return distinct, index
-
-
-def _cache_kw(backbone: torch.nn.Module) -> str:
-    """Newer transformers name the KV cache argument `cache`, older `past_key_values`
-    (the same split the engine handles)."""
-    return "cache" if "cache" in inspect.signature(backbone.forward).parameters else "past_key_values"
 
 
 def prefix_hidden(backbone: torch.nn.Module, prompts: Sequence[Sequence[int]],
@@ -51,7 +46,7 @@ def prefix_hidden(backbone: torch.nn.Module, prompts: Sequence[Sequence[int]],
         ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
         attn[i, width - len(p):] = 1
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    kw = _cache_kw(backbone)
+    kw = cache_kwarg(backbone)
     ids, attn, pos = ids.to(device), attn.to(device), pos.to(device)
     out = backbone(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
     rows = torch.tensor(index, dtype=torch.long, device=device)
