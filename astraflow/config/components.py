@@ -130,7 +130,8 @@ class StopSpec(Spec):
     max_minutes: float = Field(6.0, gt=0)
     """Wall-clock limit of the run, warm start excluded."""
     target_accuracy: float | None = Field(None, ge=0, le=1)
-    """End early once live held-out accuracy reaches this."""
+    """End early once live held-out accuracy reaches this: met on the live slice, then
+    on the whole held-out set, by one version, which is the run's final one."""
     eval_every_s: float = Field(20.0, gt=0)
     """Seconds between live held-out evaluations by `astraflow run`."""
     live_eval_size: int = Field(200, ge=10)

@@ -1,13 +1,15 @@
 """The embedded default: `astraflow run FLOW` runs every component as local processes.
 
     launcher ─┬─ warm start → publish weights v0; evaluate v0 on the held-out set
+              │   (meanwhile the zygote imports torch for the components to fork)
               ├─ spawn: W × `astraflow rollout RUN`  +  `astraflow train RUN` per
               │         policy (per shared base: one for all its policies)
               │         (or one `astraflow train RUN --mode sync` for the baseline)
               ├─ every second: supervise (restart crashes), show progress from the
               │   metrics table; every eval_every_s: greedy eval of the newest
               │   version on a held-out slice; compact tables as maintenance
-              └─ at the target: stop components, evaluate the final version,
+              └─ at the target (met on the slice, then on the whole set): stop
+                  components, evaluate the final version (the one that met it),
                   write summary.json and progress.png
 
 The launcher never talks to a component: it reads the same store they write.
@@ -94,20 +96,25 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
     flow, pol = ctx.flow, ctx.flow.policy.name
     policies = flow.policy_names()
     t_start = time.time()
-    # Warm start has the machine to itself: give it every core the components will share.
-    torch.set_num_threads(min(flow.rollout.threads * flow.rollout.workers + flow.trainer.threads,
-                              os.cpu_count() or 1))
-    warm = publish_version0(ctx, console)
-    torch.set_num_threads(1)  # from here on the launcher only evaluates, beside the components
-    shared: dict = {}  # policies sharing a base are evaluated on one copy of it
-    evaluators = {p: Evaluator(ctx, p, shared=shared) for p in policies}
-    acc0 = {p: ev(0) for p, ev in evaluators.items()}
+    sup = Supervisor(components(ctx), state_path=ctx.run_dir / "components.json",
+                     zygote_log=ctx.run_dir / "logs" / "zygote.log")
+    sup.warm_up()  # the components' imports run while version 0 is made and scored
+    try:
+        # Warm start has the machine to itself: every core the components will share.
+        torch.set_num_threads(min(flow.rollout.threads * flow.rollout.workers
+                                  + flow.trainer.threads, os.cpu_count() or 1))
+        warm = publish_version0(ctx, console)
+        torch.set_num_threads(1)  # from here on the launcher only evaluates, beside them
+        shared: dict = {}  # policies sharing a base are evaluated on one copy of it
+        evaluators = {p: Evaluator(ctx, p, shared=shared) for p in policies}
+        acc0 = {p: ev(0) for p, ev in evaluators.items()}
+    except BaseException:
+        sup.stop_all()  # the zygote
+        raise
     for p, ev in evaluators.items():
         console.print(f"held-out {ev.metric} of {p} v0: {acc0[p]:.1%} on {len(ev.items)} items")
     ledger = ctx.ledger()
     sinks = launcher_follower(ctx)  # TensorBoard (and W&B when configured), from the store
-    sup = Supervisor(components(ctx), state_path=ctx.run_dir / "components.json",
-                     zygote_log=ctx.run_dir / "logs" / "zygote.log")
     stop_requested = {"flag": False}
 
     def on_signal(signum, _frame):
@@ -129,6 +136,7 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
     latest: dict[str, dict[str, float]] = {p: {} for p in policies}
     trained = {p: deque[tuple[float, float]](maxlen=RATE_WINDOW + 1) for p in policies}
     reason = "max_steps"
+    at_target: tuple[int, float] | None = None  # (version, full held-out) that met the target
     trainers = [c for c in sup.components if c.name == "sync" or c.name.startswith("trainer-")]
     try:
         while True:
@@ -166,8 +174,11 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
                     live.append(point)
                     target = flow.stop.target_accuracy
                     if target is not None and point["accuracy"].get(pol, 0.0) >= target:
-                        reason = "target_accuracy"
-                        break
+                        reached = confirm_target(evaluators[pol], point["version"][pol],
+                                                 point["accuracy"][pol], target, console)
+                        if reached is not None:
+                            reason, at_target = "target_accuracy", reached
+                            break
                 last_eval = time.time()
             if now - last_maint >= 30.0:
                 _maintain(ctx)
@@ -180,8 +191,11 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
     t_end = time.time()
     per_policy: dict[str, dict[str, Any]] = {}
     for p, ev in evaluators.items():
-        final_v = ctx.weights().latest(p)
-        acc = ev(final_v)
+        if p == pol and at_target is not None:  # the version that met it, not a later one
+            final_v, acc = at_target
+        else:
+            final_v = ctx.weights().latest(p)
+            acc = ev(final_v)
         totals = ledger_totals(ctx, p)
         per_policy[p] = {
             "metric": ev.metric, "heldout_items": len(ev.items), "accuracy_v0": acc0[p],
@@ -213,6 +227,22 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
     console.print(f"[bold]done[/bold] ({reason}) in {t_end - t0:.0f}s of RL. Wrote "
                   f"{ctx.run_dir / 'summary.json'} and {ctx.run_dir / 'progress.png'}")
     return summary
+
+
+def confirm_target(ev: Evaluator, version: int, slice_acc: float, target: float,
+                   console: Console) -> tuple[int, float] | None:
+    """(version, accuracy) when `version` meets the target on the whole held-out set,
+    else None (the run goes on). A live evaluation scores a slice (`live_eval_size`),
+    and a slice can pass a version the whole set fails: a run stopped on that said it
+    reached its target and then reported a lower final figure, sometimes below version 0."""
+    n = ev.ctx.flow.stop.live_eval_size
+    if len(ev.items) <= n:
+        return version, slice_acc  # the slice was the whole set
+    acc = ev(version)
+    console.print(f"{ev.policy} v{version} on all {len(ev.items)} held-out tasks: {acc:.1%} "
+                  f"(target {target:.1%}, met on the slice of {n}: "
+                  + ("stopping)" if acc >= target else "going on)"))
+    return (version, acc) if acc >= target else None
 
 
 def live_eval(ctx: RunContext, ledger: Ledger, evaluators: dict[str, Evaluator],

@@ -247,7 +247,8 @@ class Supervisor:
         components start cold."""
         self._stop_leftovers()
         if self.zygote_log is not None:
-            self.zygote = Zygote(self.zygote_log, self._label)
+            self.warm_up()
+            assert self.zygote is not None
             if not self.zygote.wait_ready(ready_timeout_s):
                 log.warning("zygote not ready (%s; see %s): starting the components cold",
                             f"not in {ready_timeout_s:.0f} s" if self.zygote.alive
@@ -255,6 +256,13 @@ class Supervisor:
         for c in self.components:
             c.start(self._warm_zygote())
         self._write_state()
+
+    def warm_up(self) -> None:
+        """Start the zygote's imports now, without waiting for them: the launcher calls
+        this before it publishes and scores version 0, so the ~7 s of imports overlap that
+        work instead of following it. `start_all` starts it if nobody did."""
+        if self.zygote_log is not None and self.zygote is None:
+            self.zygote = Zygote(self.zygote_log, self._label)
 
     def _warm_zygote(self) -> Zygote | None:
         """The zygote, replaced by a fresh one if it died (it is never a component)."""

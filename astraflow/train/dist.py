@@ -126,6 +126,10 @@ class Ranks:
             import torch.distributed as dist
 
             if dist.is_initialized():
+                # Every rank past its last collective before any tears the group down:
+                # a rank destroying gloo's pairs while its peer still uses them is the
+                # common cause of a "terminate called" abort at exit under load.
+                dist.barrier()
                 dist.destroy_process_group()
 
 
