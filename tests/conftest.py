@@ -31,3 +31,13 @@ def tiny_policy_dir(tmp_path):
     d.mkdir()
     save_policy(tiny_llama(hidden_size=64, layers=2, heads=2, intermediate_size=128), build_char_tokenizer(), d)
     return d
+
+
+#: Test files that take several minutes on one worker: collected first, so that
+#: `--dist loadfile` starts them at once instead of leaving them for the end of the run,
+#: where they would run alone while the other worker sits idle.
+LONGEST_FIRST = ("test_learning_holds.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable: the rest keep order
