@@ -8,7 +8,10 @@ each update this run learnt and then collapsed (60 questions: 86.7% at v6-8, 50.
 v12-13; 150 questions, 16 steps: 89.3% → 48.7%; docs/benchmarks/peers.md), so the
 default recipe of `hf` policies (`algorithm.max_update_kl`) must learn and keep it.
 The bound checked here is a collapse (`FALL`), not issue 34's 10-point stability aim,
-which `benchmarks/peers/compare.py` measures over seeds and 10-minute runs.
+which `benchmarks/peers/compare.py` measures over seeds and 10-minute runs. On the
+current code neither recipe collapses in these 14 steps (with and without the bound
+both fell 12.5 points on 40 questions, one draw each): this test guards against a
+collapse, not against the recipe's smaller falls.
 """
 
 from __future__ import annotations
