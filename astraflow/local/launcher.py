@@ -109,7 +109,8 @@ def run_local(ctx: RunContext, console: Console | None = None) -> dict[str, Any]
         evaluators = {p: Evaluator(ctx, p, shared=shared) for p in policies}
         acc0 = {p: ev(0) for p, ev in evaluators.items()}
     except BaseException:
-        sup.stop_all()  # the zygote
+        if sup.zygote is not None:  # nothing else started; components.json stays as it was
+            sup.zygote.stop()
         raise
     for p, ev in evaluators.items():
         console.print(f"held-out {ev.metric} of {p} v0: {acc0[p]:.1%} on {len(ev.items)} items")

@@ -50,9 +50,7 @@ class Component:
 
     def env(self) -> dict[str, str]:
         # ASTRAFLOW_LAUNCHER_PID: components stop by themselves once this process is gone.
-        return {"OMP_NUM_THREADS": str(self.threads), "ASTRAFLOW_THREADS": str(self.threads),
-                "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
-                "ASTRAFLOW_LAUNCHER_PID": str(os.getpid()), **omp_wait_policy()}
+        return {**process_env(self.threads), "ASTRAFLOW_LAUNCHER_PID": str(os.getpid())}
 
     def start(self, zygote: Zygote | None = None) -> None:
         """Fork from the warm zygote when it is ready, else start a fresh process."""
@@ -68,15 +66,16 @@ class Component:
         return self.proc is not None and self.proc.poll() is None
 
 
-def omp_wait_policy() -> dict[str, str]:
-    """`OMP_WAIT_POLICY=PASSIVE` unless the user set a policy. Local components share the
-    machine's cores (a rollout worker generates while the trainer steps), and OpenMP's
-    default lets an idle thread spin at a barrier for a while, burning a core another
-    process needs: on 2 cores, with a 1-thread worker beside a 2-thread trainer, passive
-    waiting doubled the trainer's steps in 3 minutes (docs/benchmarks/peers.md). libgomp
-    reads it once, when torch loads, so it goes into the environment of the processes that
-    import torch: the zygote (whose forks inherit its OpenMP state) and cold starts."""
-    return {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+def process_env(threads: int) -> dict[str, str]:
+    """The environment of a local process that imports torch: its thread count, and
+    `OMP_WAIT_POLICY=PASSIVE` unless the user set a policy. Local components share the
+    machine's cores (a rollout worker generates while the trainer steps), and an idle
+    OpenMP thread spins at its barrier by default, on a core another process needs
+    (measured in docs/benchmarks/peers.md). libgomp reads the policy once, when torch
+    loads, so the zygote needs it too: its forks inherit its OpenMP state."""
+    return {"OMP_NUM_THREADS": str(threads), "ASTRAFLOW_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
 
 
 def _spawn(argv: list[str], env: dict[str, str], log_path: Path,
@@ -169,9 +168,8 @@ class Zygote:
 
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.label = label  # the run folder, so that its forks are recognisable by cmdline
-        self.proc = _spawn(["zygote", "--label", label], {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                                        "TOKENIZERS_PARALLELISM": "false", **omp_wait_policy()},
-                           log_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = _spawn(["zygote", "--label", label], process_env(1), log_path,
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._pids: queue.Queue[int] = queue.Queue()
         self._exits: dict[int, int] = {}
         self._lock = threading.Lock()

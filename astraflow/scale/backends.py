@@ -101,13 +101,11 @@ class LocalBackend:
                       key=lambda w: w.started)
 
     def launch(self, pool: Pool, worker_id: str) -> Worker:
-        from astraflow.local.supervise import omp_wait_policy
+        from astraflow.local.supervise import process_env
 
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads),
-               "ASTRAFLOW_THREADS": str(self.threads), "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONUNBUFFERED": "1", **omp_wait_policy()}
+        env = {**os.environ, **process_env(self.threads)}
         env.pop("ASTRAFLOW_LAUNCHER_PID", None)  # not tied to the autoscaler's life
         with (logs / f"rollout-{worker_id}.log").open("ab") as out:
             proc = subprocess.Popen(
