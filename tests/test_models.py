@@ -31,6 +31,51 @@ def test_shared_prefix_sampling_equals_repeated_prompts(tiny_policy_dir):
     assert all(len(c) == len(lp) for c, lp in zip(a.completions, a.logprobs, strict=True))
 
 
+def _whole_and_shared(eng, prompts, monkeypatch, **kw):
+    """The same generation with the shared opening run once, and with every prompt run
+    whole (the sharing turned off by an unreachable threshold)."""
+    from astraflow.rollout import engine as engine_mod
+
+    shared = eng.generate(prompts, **kw, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(engine_mod, "MIN_SHARED_PREFIX", 10**9)
+    whole = eng.generate(prompts, **kw, generator=torch.Generator().manual_seed(1))
+    return shared, whole
+
+
+def test_prompts_that_open_alike_share_one_prefill(tiny_policy_dir, monkeypatch):
+    from astraflow.models.hf import MIN_SHARED_PREFIX, common_prefix
+
+    eng = HFEngine.from_dir(tiny_policy_dir)
+    opening = "1+2=3;4+5=9;7-1=6;"
+    prompts = [eng.codec.encode(opening + q) for q in ("12+34=", "5+6=", "300-2=", "9*9=")]
+    assert common_prefix(prompts) >= MIN_SHARED_PREFIX
+    for kw in ({"greedy": True}, {"samples_per_prompt": 3, "temperature": 1.0}):
+        shared, whole = _whole_and_shared(eng, prompts, monkeypatch, max_new_tokens=6, **kw)
+        monkeypatch.undo()
+        assert shared.completions == whole.completions
+        for a, b in zip(shared.logprobs, whole.logprobs, strict=True):
+            assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-4)
+    # A prompt that is the whole opening keeps its last token to run on the opening.
+    short = [eng.codec.encode(opening), eng.codec.encode(opening + "1+1=")]
+    shared, whole = _whole_and_shared(eng, short, monkeypatch, max_new_tokens=4, greedy=True)
+    assert shared.completions == whole.completions
+
+
+def test_chat_template_prompts_share_their_system_prompt(smollm2_dir, monkeypatch):
+    """SmolLM2's chat template opens every question with the same ~25-token system
+    prompt: sharing it leaves greedy answers and their logprobs as they were."""
+    from astraflow.models.hf import common_prefix
+
+    eng = HFEngine.from_dir(smollm2_dir)
+    prompts = [eng.codec.encode_chat([{"role": "user", "content": f"What is {a} plus {b}?"}])
+               for a, b in ((12, 7), (45, 3), (90, 9), (33, 1))]
+    assert common_prefix(prompts) >= 20
+    shared, whole = _whole_and_shared(eng, prompts, monkeypatch, max_new_tokens=8, greedy=True)
+    assert shared.completions == whole.completions
+    for a, b in zip(shared.logprobs, whole.logprobs, strict=True):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-3)
+
+
 def test_sampling_logprobs_are_log_probabilities(tiny_policy_dir):
     eng = HFEngine.from_dir(tiny_policy_dir)
     g = eng.generate([eng.codec.encode("1+1=")], samples_per_prompt=64, max_new_tokens=1,

@@ -82,6 +82,39 @@ def test_shared_prompt_pass_runs_each_prompt_once():
     assert seen == [(3, 6), (8, 5)]
 
 
+# The same rows behind a 9-token opening every prompt shares (a chat template's system
+# prompt): the opening runs once for all of them.
+OPENING = [1, 10, 11, 12, 13, 14, 15, 16, 17]
+OPENED = [OPENING + p[1:] + [19] for p in PROMPTS]
+
+
+@pytest.mark.parametrize("name,model", _models(), ids=lambda x: x if isinstance(x, str) else "")
+def test_a_shared_opening_runs_once_with_the_reference_values_and_gradients(name, model):
+    model.train()
+    ref = completion_logprobs_reference(model, OPENED, COMPS, 0, temperature=0.7)
+    w = torch.linspace(-1.0, 1.0, ref.numel())
+    g_ref = _grads(model, ref, w)
+    seen: list[tuple[int, ...]] = []
+    hook = model.get_decoder().register_forward_pre_hook(
+        lambda _m, a, kw: seen.append(tuple((kw.get("input_ids", a[0] if a else None)).shape)),
+        with_kwargs=True)
+    try:
+        completion_logprobs(model, OPENED, COMPS, 0, temperature=0.7)  # the check, once
+        seen.clear()
+        out = completion_logprobs(model, OPENED, COMPS, 0, temperature=0.7).logprobs
+    finally:
+        hook.remove()
+    assert lp_mod._PREFIX.get(model) is True
+    # the opening (9), the 3 distinct prompts' rest (6 wide with the shared last token),
+    # the 8 rows' completions
+    assert seen == [(1, 9), (3, 6), (8, 5)]
+    assert (out - ref).abs().max() < 1e-5
+    for a, b in zip(g_ref, _grads(model, out, w), strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert float((a - b).abs().max()) < 1e-5
+
+
 def test_an_architecture_the_shared_pass_does_not_fit_keeps_the_plain_pass(monkeypatch, caplog):
     """Checked once per model: a mismatch (here a forged one) means the plain pass for
     that model, said in a warning, and the same numbers."""
