@@ -3,6 +3,7 @@ rank under torchrun (tests/test_distributed.py runs it both ways and compares).
 
     python -m tests.dist_step MODEL_DIR OUT_DIR [--objective ppo|decoupled]
         [--minibatches M] [--micro-batch-rows R] [--rows N] [--lr LR] [--max-update-kl KL]
+        [--kl-coef C]
 
 Writes OUT_DIR/weights.safetensors (the full updated weights, gathered on rank 0)
 and OUT_DIR/metrics.json.
@@ -35,8 +36,11 @@ def fixed_batch(rows: int, vocab: int, seed: int = 0):
 def step(model_dir: str, *, objective: str = "ppo", minibatches: int = 1,
          micro_batch_rows: int | None = None, rows: int = 4, lr: float = 1e-3,
          max_update_kl: float | None = None,
-         max_update_kl_rows: int | None = None) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
-    """(full weights after one step on rank 0, else None; metrics) — alone or sharded."""
+         max_update_kl_rows: int | None = None,
+         kl_coef: float = 0.0) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
+    """(full weights after one step on rank 0, else None; metrics) — alone or sharded.
+    `kl_coef`: a KL anchor to a reference that is the model with seeded noise added (the
+    model itself would give a zero KL and no gradient to compare)."""
     from astraflow.models.hf import load_policy
     from astraflow.train.dist import Ranks
     from astraflow.train.fsdp import ShardedStep, full_state_dict, shard
@@ -54,7 +58,15 @@ def step(model_dir: str, *, objective: str = "ppo", minibatches: int = 1,
         shard(module, model, ranks, None)
     opt = torch.optim.AdamW(module.parameters(), lr=lr, betas=(0.9, 0.99))
     batch = fixed_batch(rows, model.config.vocab_size)
-    settings = StepSettings(loss=LossConfig(objective), minibatches=minibatches,
+    ref = None
+    if kl_coef:
+        ref = load_policy(model_dir, dtype="float32").eval().requires_grad_(False)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    settings = StepSettings(loss=LossConfig(objective, kl_coef=kl_coef), ref_model=ref,
+                            minibatches=minibatches,
                             micro_batch_rows=micro_batch_rows, chunk_tokens=7,
                             max_update_kl=max_update_kl, max_update_kl_rows=max_update_kl_rows)
     run = ShardedStep(ranks) if ranks.sharded else optimize
@@ -79,12 +91,13 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--max-update-kl", type=float, default=None)
     ap.add_argument("--max-update-kl-rows", type=int, default=None)
+    ap.add_argument("--kl-coef", type=float, default=0.0)
     a = ap.parse_args()
     torch.set_num_threads(1)
     weights, metrics = step(a.model_dir, objective=a.objective, minibatches=a.minibatches,
                             micro_batch_rows=a.micro_batch_rows, rows=a.rows, lr=a.lr,
                             max_update_kl=a.max_update_kl,
-                            max_update_kl_rows=a.max_update_kl_rows)
+                            max_update_kl_rows=a.max_update_kl_rows, kl_coef=a.kl_coef)
     if weights is not None:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

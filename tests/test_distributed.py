@@ -63,6 +63,9 @@ def compare_step(tmp_path: Path, model_dir: Path, **kw) -> None:
     if kw.get("max_update_kl"):
         keys += ["update_kl", "update_scale", "update_kl_bound"]
         assert metrics["update_scale"] < 1.0  # the bound did pull the updates back
+    if kw.get("kl_coef"):
+        keys.append("kl_ref")
+        assert metrics["kl_ref"] > 1e-3  # the reference differs, so the anchor pulls
     for k in keys:
         assert two_metrics[k] == pytest.approx(metrics[k], rel=1e-4, abs=1e-6), k
     before = load_file(str(next(model_dir.glob("*.safetensors"))))
@@ -85,6 +88,13 @@ def test_two_rank_trust_region_equals_one_process(tmp_path, tiny_policy_dir):
     rows (3 and 4 of `max_update_kl_rows` 4) alike on every rank."""
     compare_step(tmp_path, tiny_policy_dir, objective="decoupled", minibatches=2,
                  micro_batch_rows=1, rows=7, lr=1e-2, max_update_kl=0.1, max_update_kl_rows=4)
+
+
+def test_two_rank_kl_anchor_equals_one_process(tmp_path, tiny_policy_dir):
+    """The KL anchor on 2 ranks: each rank runs its own rows through the whole reference
+    and the penalty's gradient reduces to the one-process one."""
+    compare_step(tmp_path, tiny_policy_dir, objective="decoupled", minibatches=2,
+                 micro_batch_rows=1, rows=7, lr=1e-3, kl_coef=0.5)
 
 
 @pytest.mark.slow

@@ -110,7 +110,8 @@ class AlgorithmSpec(Spec):
     directly leave that stage out (their GRPO advantage is 0: they carry only the KL
     term, and count in the token mean). Cost: a second copy of the model in the
     trainer's memory and one extra no-grad forward pass per micro-batch. 0 (default):
-    off, no reference is loaded. Not supported with `trainer.ranks` > 1 (FSDP2) yet."""
+    off, no reference is loaded. With `trainer.ranks` > 1 (FSDP2) every rank holds the
+    reference whole (one full copy of the weights per rank)."""
 
 
 class StageSpec(Spec):

@@ -148,16 +148,6 @@ class FlowSpec(Spec):
         return self
 
     @model_validator(mode="after")
-    def _kl_in_one_process(self) -> FlowSpec:
-        # The reference model would have to be sharded like the policy; not built yet.
-        kl = [p.name for p in self.policies if p.algorithm.kl_coef > 0]
-        if kl and self.trainer.ranks > 1:
-            raise ValueError(f"policies {kl}: algorithm.kl_coef > 0 is not supported with "
-                             f"trainer.ranks > 1 (FSDP2-sharded training) yet; use "
-                             f"trainer.ranks: 1 or kl_coef: 0")
-        return self
-
-    @model_validator(mode="after")
     def _roles_cover_policies(self) -> FlowSpec:
         roles = self._roles()
         names = [p.name for p in self.policies]

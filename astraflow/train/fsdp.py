@@ -89,9 +89,8 @@ class ShardedStep:
 
     def __call__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch,
                  pad_id: int, s: StepSettings) -> tuple[dict[str, float], int]:
-        if s.loss.kl_coef > 0:
-            raise ValueError("algorithm.kl_coef > 0 is not supported with FSDP2-sharded "
-                             "training (several ranks) yet")
+        if s.loss.kl_coef > 0 and s.ref_model is None:
+            raise ValueError("ShardedStep: loss.kl_coef > 0 needs StepSettings.ref_model")
         return _sharded_step(model, opt, batch, pad_id, s, self.ranks)
 
 
@@ -139,6 +138,7 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
                 proximal.append(pieces)
     stats = LossStats()
     grad_norms: list[float] = []
+    kl = s.loss.kl_coef > 0
     trust = TrustRegion(opt, s.max_update_kl) if s.max_update_kl else None
     moves: list[tuple[float, float, float]] = []  # (KL before bounding, scale, bound)
     for k, ((a, b), plan) in enumerate(zip(ranges, plans, strict=True)):
@@ -159,9 +159,12 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
             if first_pass and not dummy:
                 measure(micro, out)
             prox = new.detach() if proximal is None or dummy else proximal[k][real]
+            ref = None
+            if kl:  # the reference is whole on every rank: it runs this rank's rows only
+                ref = new.detach() if dummy else _reference(s, micro, pad_id)
             loss, st = policy_loss(new, micro.behavior_logprobs, micro.advantages, micro.mask,
                                    s.loss, logp_proximal=prox, normalizer=n_tokens,
-                                   token_weights=micro.weights)
+                                   token_weights=micro.weights, logp_ref=ref)
             if dummy:
                 (loss * 0.0).backward()
             else:
@@ -187,9 +190,18 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
                          for n, v in zip(names, summed[:len(names)], strict=True)})
     ent_sum, ent_n, mis_sum, mis_n = summed[len(names):]
     metrics = step_metrics(stats, s.loss.objective, grad_norms, (ent_sum, ent_n),
-                           (mis_sum, mis_n))
+                           (mis_sum, mis_n), kl_ref=kl)
     metrics.update(move_metrics(moves))
     return metrics, len(grad_norms)
+
+
+def _reference(s: StepSettings, micro: Batch, pad_id: int) -> torch.Tensor:
+    """The KL anchor's logprobs of a micro-batch's completions under `s.ref_model`."""
+    assert s.ref_model is not None
+    with torch.no_grad():
+        return completion_logprobs(s.ref_model, micro.prompts, micro.completions, pad_id,
+                                   temperature=s.temperature,
+                                   chunk_tokens=s.chunk_tokens).logprobs
 
 
 def _bound_update(model: torch.nn.Module, trust: TrustRegion, plan: list[tuple[int, int]],

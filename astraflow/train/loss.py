@@ -6,7 +6,9 @@ Every completion token the policy wrote (loss mask 1) carries its row's advantag
 behaviour→proximal gap by an importance weight truncated at `is_cap`, so a stale row
 moves the policy at most eps from where it is now. `dual_clip: c` bounds a
 negative-advantage token's objective at c·A (Ye et al. 2020). `kl_coef` adds the k3
-estimate of KL(new ‖ reference) per token (log ratio clamped to ±20, as verl does).
+estimate of KL(new ‖ reference) per token, capped at `KL_CAP` (as verl's `low_var_kl`
+caps it): a token the policy now finds far less likely than the reference did would
+otherwise carry exp(ref − new), thousands, and set the clipped update's direction alone.
 
 The loss is Σ w·m·ℓ / normalizer: the caller passes the step's global (weighted)
 token count, so accumulated micro-batches sum to the one-shot gradient of the mean,
@@ -19,6 +21,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+KL_CAP = 10.0
+"""Largest k3 term one token may carry (verl's cap); beyond it the token pulls no more."""
 
 Objective = Literal["ppo", "decoupled"]
 
@@ -160,7 +165,7 @@ def policy_loss(
         # the ±20 clamp (verl's) keeps one stale token's exp finite.
         ref_log_ratio = torch.where(mask > 0, logp_ref.detach() - logp_new,
                                     torch.zeros_like(logp_new)).clamp(-20.0, 20.0)
-        kl_ref = torch.exp(ref_log_ratio) - ref_log_ratio - 1
+        kl_ref = (torch.exp(ref_log_ratio) - ref_log_ratio - 1).clamp(max=KL_CAP)
         per_token = per_token + cfg.kl_coef * kl_ref
     loss = (per_token * scale).sum() / n
     with torch.no_grad():

@@ -139,14 +139,11 @@ def reference_model(ctx: RunContext, spec: PolicySpec, ranks: Ranks,
     """`algorithm.kl_coef` > 0: a frozen copy of version 0 (the policy's starting
     point; never pruned), in eval mode without grad, on the policy's device and in
     its dtype. Loaded afresh on every trainer start (it holds no state). For a LoRA
-    policy it is the full model version 0 holds (base, plus its adapter merged if any)."""
+    policy it is the full model version 0 holds (base, plus its adapter merged if any).
+    On FSDP2 ranks every rank holds it whole (not sharded: it runs no collective, only
+    the rank's own rows), so it costs one full copy of the weights per rank."""
     if spec.algorithm.kl_coef <= 0:
         return None
-    if ranks.sharded:
-        raise ValueError(
-            f"policies.{spec.name}.algorithm.kl_coef > 0 is not supported with FSDP2-"
-            f"sharded training ({ranks.world} ranks) yet: train on one rank, or set "
-            f"kl_coef: 0")
     if 0 not in versions:
         raise RuntimeError(
             f"policies.{spec.name}.algorithm.kl_coef > 0 anchors to version 0, which "
