@@ -32,6 +32,20 @@ def test_zero_variance_groups_filtered_and_counted():
     assert res.dropped == {"zero_variance": 3}
 
 
+def test_solved_groups_kept_for_the_anchor_failed_ones_dropped():
+    """`keep_solved_at`: all-solved groups reach the loss with advantage 0 (they carry
+    the KL anchor and dilute the update); all-failed and lone rows are still dropped."""
+    t = table(["a", "a", "b", "b", "c", "d", "d", "e", "e"], [1, 1, 0, 1, 1, 0, 0, 0.5, 0.5])
+    res = run_stages(t, CTX, [("zero_variance_filter", {"keep_solved_at": 1.0}),
+                              ("group_advantages", {})])
+    assert res.rows.column("group_id").to_pylist() == ["a", "a", "b", "b"]
+    assert res.dropped == {"zero_variance": 5}
+    np.testing.assert_allclose(res.rows.column("advantage").to_numpy(), [0, 0, -1, 1],
+                               atol=1e-4)
+    lower = registry.resolve("stage", "zero_variance_filter")(t, CTX, keep_solved_at=0.5)
+    assert lower.rows.column("group_id").to_pylist() == ["a", "a", "b", "b", "e", "e"]
+
+
 def test_staleness_bound():
     t = table(["a", "a", "b", "b"], [1, 0, 1, 0], versions=[10, 10, 1, 1])
     res = registry.resolve("stage", "staleness")(t, CTX, max_versions=8)

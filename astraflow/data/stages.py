@@ -143,12 +143,34 @@ def _group_ids(rows: pa.Table) -> np.ndarray:
     return inverse
 
 
-def zero_variance_filter(rows: pa.Table, ctx: StageContext, *, min_size: int = 2) -> StageResult:
+def zero_variance_filter(rows: pa.Table, ctx: StageContext, *, min_size: int = 2,
+                         keep_solved_at: float | None = None) -> StageResult:
     """Drop groups whose rewards are all equal (no learning signal: dynamic sampling),
-    and groups with fewer than `min_size` members."""
+    and groups with fewer than `min_size` members.
+
+    `keep_solved_at`: a group whose rewards all equal at least this value (every sample
+    solved the task) is kept. Its advantage is 0, so it adds no policy gradient, but it
+    reaches the loss: it carries `algorithm.kl_coef`'s anchor on what the policy already
+    does well, and it counts in the loss's token mean, so once most groups are solved an
+    update is scaled down by the share of groups that still carry signal (as in TRL's
+    GRPOTrainer, which keeps every group). Groups that all failed are still dropped:
+    early in training they are most of the batch, and keeping them would only slow the
+    start (docs/benchmarks/peers.md measures both)."""
     if rows.num_rows == 0:
         return StageResult(rows, {"zero_variance": 0})
-    return drop_rows(rows, {"zero_variance": ~_in_varied_groups(rows, min_size)})
+    keep = _in_varied_groups(rows, min_size)
+    if keep_solved_at is not None:
+        keep |= _solved_groups(rows, keep_solved_at, min_size)
+    return drop_rows(rows, {"zero_variance": ~keep})
+
+
+def _solved_groups(rows: pa.Table, at: float, min_size: int = 2) -> np.ndarray:
+    """Per row: its group has at least `min_size` rows and every reward in it is >= `at`."""
+    g = _group_ids(rows)
+    r = rows.column("reward").to_numpy().astype(np.float64)
+    n = np.bincount(g)
+    low = np.bincount(g, weights=(r < at).astype(np.float64))
+    return (low[g] == 0) & (n[g] >= min_size)
 
 
 def _in_varied_groups(rows: pa.Table, min_size: int = 2) -> np.ndarray:
