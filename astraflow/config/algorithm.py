@@ -102,13 +102,15 @@ class AlgorithmSpec(Spec):
     """Weight of a KL penalty toward a frozen reference policy: version 0 of this same
     policy (its pretrained or warm-started starting point; version 0 is never pruned).
     Per unmasked completion token the k3 estimator of KL(policy ‖ reference),
-    exp(ref − new) − (ref − new) − 1 (≥ 0, unbiased, low variance), times `kl_coef`, is
-    added to the policy loss and normalised like it; the metric `kl_ref` is its mean per
-    token. It anchors what the policy already did well (an all-success group carries no
-    advantage, so nothing else holds it), but only on rows that reach the loss: the
-    default `zero_variance_filter` stage drops all-success groups, so to anchor them
-    directly leave that stage out (their GRPO advantage is 0: they carry only the KL
-    term, and count in the token mean). Cost: a second copy of the model in the
+    exp(ref − new) − (ref − new) − 1 (≥ 0, unbiased, low variance), capped at 10 (as
+    verl caps it), times `kl_coef`, is added to the policy loss and normalised like it;
+    the metric `kl_ref` is its mean per token. It anchors what the policy already did
+    well (an all-success group carries no advantage, so nothing else holds it), but only
+    on rows that reach the loss: the default `zero_variance_filter` stage drops
+    all-success groups, so to anchor them give that stage `keep_solved_at: 1.0`, or leave
+    it out (their GRPO advantage is 0: they carry only the KL term, and count in the
+    token mean). Measured on SmolLM2 and not made a default: it did not keep held-out
+    accuracy from falling 30 points once learnt (docs/benchmarks/peers.md). Cost: a second copy of the model in the
     trainer's memory and one extra no-grad forward pass per micro-batch. 0 (default):
     off, no reference is loaded. With `trainer.ranks` > 1 (FSDP2) every rank holds the
     reference whole (one full copy of the weights per rank)."""
