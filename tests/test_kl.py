@@ -267,3 +267,52 @@ def test_lora_policy_anchors_to_the_full_version_0(tmp_path, tiny_policy_dir):
     assert tr.train_on(tr.poll()).metrics["kl_ref"] == pytest.approx(0.0, abs=1e-6)
     tr.train_on(tr.poll())
     assert tr.train_on(tr.poll()).metrics["kl_ref"] > 0
+
+
+# --------------------------------------------------------------------------- pg_mean
+def _with_zero_rows(batch: Batch, zeros: int) -> Batch:
+    """`batch` with `zeros` extra rows of advantage 0 (a kept zero-variance group)."""
+    from tests.test_loss import _rows as rows
+
+    extra = rows(zeros, seed=11)
+    n = len(batch)
+
+    def per_row(b: Batch, field: str) -> list[list[float]]:
+        off = b.offsets()
+        t = getattr(b, field)
+        return [t[off[i]:off[i + 1]].tolist() for i in range(len(b))]
+
+    adv = [per_row(batch, "advantages")[i][0] for i in range(n)] + [0.0] * zeros
+    return Batch.from_rows(
+        list(batch.prompts) + list(extra.prompts),
+        list(batch.completions) + list(extra.completions),
+        per_row(batch, "behavior_logprobs") + per_row(extra, "behavior_logprobs"),
+        [[int(x) for x in m] for m in per_row(batch, "mask") + per_row(extra, "mask")],
+        adv)
+
+
+def test_pg_mean_signal_keeps_zero_advantage_rows_from_diluting_the_update():
+    """Rows of advantage 0 in the loss: with `pg_mean: all` they shrink the policy
+    gradient (a larger token mean), with `signal` the update is the one without them
+    (no KL term here), and the KL term still covers every row."""
+    signal = _rows(6, seed=3)
+    mixed = _with_zero_rows(signal, 5)
+    grads = {}
+    for name, batch, mean in (("alone", signal, "all"), ("all", mixed, "all"),
+                              ("signal", mixed, "signal")):
+        model = _model(seed=5)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        optimize(model, opt, batch, 0, StepSettings(loss=LossConfig("ppo", pg_mean=mean),
+                                                    temperature=0.8, grad_clip=1e9))
+        grads[name] = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert torch.allclose(grads["signal"], grads["alone"], atol=1e-6)
+    share = float(signal.mask.sum()) / float(mixed.mask.sum())
+    assert torch.allclose(grads["all"], grads["alone"] * share, atol=1e-6)
+    # the anchor's term keeps the whole token mean: policy_loss by hand
+    new = torch.log(torch.tensor([0.5, 0.25])).requires_grad_(True)
+    ref = torch.log(torch.tensor([0.5, 0.5]))
+    adv = torch.tensor([1.0, 0.0])
+    loss, _ = policy_loss(new, new.detach(), adv, torch.ones(2),
+                          LossConfig(kl_coef=0.4, pg_mean="signal"), logp_ref=ref,
+                          pg_normalizer=1.0)
+    assert loss.item() == pytest.approx(-1.0 + 0.4 * (1 - math.log(2)) / 2, abs=1e-6)

@@ -116,6 +116,16 @@ class AlgorithmSpec(Spec):
     reference whole (one full copy of the weights per rank)."""
 
 
+    pg_mean: Literal["all", "signal"] = "all"
+    """The policy-gradient term's token mean: over every row that reaches the loss
+    (`all`), or over the rows with a non-zero advantage (`signal`); the `kl_coef` term is
+    always over every row. With zero-variance groups kept for the anchor (no
+    `zero_variance_filter`, or its `keep_solved_at`), `signal` keeps them from diluting
+    the update, so the anchor acts on every sampled group (all-wrong ones included) while
+    the policy gradient is as large as when they are dropped. With the default stages the
+    two are the same."""
+
+
 class StageSpec(Spec):
     name: str
     """A built-in stage (see astraflow.data.stages; names in astraflow.registry) or `module:attr` for your own."""

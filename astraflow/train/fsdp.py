@@ -16,7 +16,14 @@ from astraflow.train.checkpoint import WRAPPER_PREFIX
 from astraflow.train.dist import Ranks
 from astraflow.train.logprobs import TokenLogprobs, completion_logprobs
 from astraflow.train.loss import LossStats, policy_loss
-from astraflow.train.step import StepSettings, move_metrics, set_lr, split, step_metrics
+from astraflow.train.step import (
+    StepSettings,
+    move_metrics,
+    set_lr,
+    signal_tokens,
+    split,
+    step_metrics,
+)
 from astraflow.train.trust import TrustRegion, batch_budget, kl_sums
 
 
@@ -147,6 +154,7 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
                          else (whole.mask * whole.weights).sum())
         if n_tokens == 0:
             continue  # the same on every rank: they all hold the whole batch
+        n_pg = signal_tokens(whole, s.loss)
         opt.zero_grad(set_to_none=True)
         real = 0
         befores: list[torch.Tensor] = []  # this rank's pre-update logprobs (trust region)
@@ -164,7 +172,8 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
                 ref = new.detach() if dummy else _reference(s, micro, pad_id)
             loss, st = policy_loss(new, micro.behavior_logprobs, micro.advantages, micro.mask,
                                    s.loss, logp_proximal=prox, normalizer=n_tokens,
-                                   token_weights=micro.weights, logp_ref=ref)
+                                   token_weights=micro.weights, logp_ref=ref,
+                                   pg_normalizer=n_pg)
             if dummy:
                 (loss * 0.0).backward()
             else:

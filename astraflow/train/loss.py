@@ -37,6 +37,7 @@ class LossConfig:
     dual_clip: float | None = None
     is_cap: float = 2.0
     kl_coef: float = 0.0
+    pg_mean: Literal["all", "signal"] = "all"
 
     def __post_init__(self) -> None:
         if self.objective not in ("ppo", "decoupled"):
@@ -49,6 +50,8 @@ class LossConfig:
             raise ValueError(f"is_cap must be >= 1, got {self.is_cap}")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.pg_mean not in ("all", "signal"):
+            raise ValueError(f"pg_mean must be 'all' or 'signal', got {self.pg_mean!r}")
 
 
 @dataclass
@@ -106,6 +109,7 @@ def policy_loss(
     normalizer: float | None = None,
     token_weights: torch.Tensor | None = None,
     logp_ref: torch.Tensor | None = None,
+    pg_normalizer: float | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """The per-token objective of `cfg.objective`, summed over unmasked tokens (times
     `token_weights` when given: the rows' loss weights) and divided by `normalizer`
@@ -117,6 +121,8 @@ def policy_loss(
     the proximal policy is then the current one) and ignored for `ppo`.
     `logp_ref` (the reference policy's logprobs, no grad) is required when
     `cfg.kl_coef` > 0: each token then adds kl_coef · k3(new, ref) (module docstring).
+    `pg_normalizer`: divide the policy term by it instead (the KL term keeps
+    `normalizer`): `pg_mean: signal` passes the tokens of rows with a non-zero advantage.
     """
     if not (logp_new.shape == logp_behavior.shape == advantages.shape == mask.shape):
         raise ValueError("policy_loss: inputs must have one entry per token")
@@ -155,6 +161,10 @@ def policy_loss(
     else:
         dual = objective
     per_token = -dual * weight
+    if pg_normalizer is not None:
+        if pg_normalizer <= 0:
+            raise ValueError(f"policy_loss: pg_normalizer must be > 0, got {pg_normalizer}")
+        per_token = per_token * (n / pg_normalizer)  # its sum over n is then over pg_normalizer
     kl_ref = None
     if cfg.kl_coef > 0:
         if logp_ref is None:

@@ -126,6 +126,7 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
         n_tokens = float(mb.mask.sum() if mb.weights is None else (mb.mask * mb.weights).sum())
         if n_tokens == 0:
             continue  # every token masked (a tool's turn) or weighted 0: nothing to learn
+        n_pg = signal_tokens(mb, s.loss)
         opt.zero_grad(set_to_none=True)
         for ma, mb_end in split(len(mb), -(-len(mb) // mb_rows)):
             micro = mb.select(ma, mb_end)
@@ -159,7 +160,8 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
                                               chunk_tokens=s.chunk_tokens).logprobs
             loss, st = policy_loss(new, micro.behavior_logprobs, micro.advantages, micro.mask,
                                    s.loss, logp_proximal=prox, normalizer=n_tokens,
-                                   token_weights=micro.weights, logp_ref=ref)
+                                   token_weights=micro.weights, logp_ref=ref,
+                                   pg_normalizer=n_pg)
             loss.backward()
             stats = stats.merge(st)
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)))
@@ -186,6 +188,16 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
                            (mismatch_sum, mismatch_n), kl_ref=kl)
     metrics.update(move_metrics(moves))
     return metrics, len(grad_norms)
+
+
+def signal_tokens(mb: Batch, loss: LossConfig) -> float | None:
+    """`pg_mean: signal`: the minibatch's (weighted) unmasked tokens in rows with a
+    non-zero advantage, the policy term's denominator (at least 1: with none, that term
+    is zero anyway); None for `all` (the term shares the step's token mean)."""
+    if loss.pg_mean == "all":
+        return None
+    m = mb.mask * (mb.advantages != 0).to(mb.mask.dtype)
+    return max(float(m.sum() if mb.weights is None else (m * mb.weights).sum()), 1.0)
 
 
 def move_metrics(moves: list[tuple[float, float, float]]) -> dict[str, float]:
@@ -260,7 +272,7 @@ def step_settings(algo: AlgorithmSpec, *, temperature: float, first_update: int,
     sampling `temperature`, as the engines record them."""
     return StepSettings(
         loss=LossConfig(algo.objective, algo.clip_eps, algo.dual_clip, algo.is_cap,
-                        algo.kl_coef),
+                        algo.kl_coef, algo.pg_mean),
         temperature=temperature, minibatches=algo.minibatches,
         micro_batch_rows=algo.micro_batch_rows, chunk_tokens=algo.logprob_chunk_tokens,
         grad_clip=algo.grad_clip, lr=lr_schedule(algo), first_update=first_update,
