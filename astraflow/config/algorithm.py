@@ -109,12 +109,10 @@ class AlgorithmSpec(Spec):
     on rows that reach the loss: the default `zero_variance_filter` stage drops
     all-success groups, so to anchor them give that stage `keep_solved_at: 1.0`, or leave
     it out (their GRPO advantage is 0: they carry only the KL term, and count in the
-    token mean). Measured on SmolLM2 and not made a default: it did not keep held-out
-    accuracy from falling 30 points once learnt (docs/benchmarks/peers.md). Cost: a second copy of the model in the
-    trainer's memory and one extra no-grad forward pass per micro-batch. 0 (default):
+    token mean). Not a default (docs/benchmarks/peers.md says why). Cost: a second copy of
+    the model in the trainer's memory and one extra no-grad forward pass per micro-batch. 0 (default):
     off, no reference is loaded. With `trainer.ranks` > 1 (FSDP2) every rank holds the
     reference whole (one full copy of the weights per rank)."""
-
 
     pg_mean: Literal["all", "signal"] = "all"
     """The policy-gradient term's token mean: over every row that reaches the loss

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -80,6 +80,40 @@ def shared_opening(prompts: Sequence[Sequence[int]], threshold: int) -> int:
         return 0
     n = min(common_prefix(prompts), min(len(p) for p in prompts) - 1)
     return n if n >= threshold else 0
+
+
+def run_opening(module: torch.nn.Module, prompts: Sequence[Sequence[int]], threshold: int,
+                cache_kw: str, device: torch.device | str = "cpu"
+                ) -> tuple[int, list[Sequence[int]], dict[str, Any]]:
+    """Run the prompts' common opening once (`shared_opening`), its KV cache repeated for
+    each prompt: (its length, each prompt's rest, the forward kwargs that carry the
+    cache). With no opening worth it: (0, the prompts, {})."""
+    shared = shared_opening(prompts, threshold)
+    if not shared:
+        return 0, list(prompts), {}
+    head = torch.tensor([list(prompts[0][:shared])], dtype=torch.long, device=device)
+    out = module(input_ids=head, use_cache=True,
+                 position_ids=torch.arange(shared, device=device)[None, :])
+    cache = getattr(out, cache_kw)
+    cache.batch_repeat_interleave(len(prompts))
+    return shared, [p[shared:] for p in prompts], {cache_kw: cache}
+
+
+def left_padded(prompts: Sequence[Sequence[int]], pad_id: int, after: int = 0
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, attention mask, position ids) of prompts left-padded to one width, as the
+    rollout engine lays them out, placed after `after` cached tokens every row attends
+    to (a shared opening): the mask covers those too, the positions continue from them."""
+    n, width = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0) + after
+    if after:
+        mask = torch.cat([torch.ones((n, after), dtype=torch.long), mask], dim=1)
+    return ids, mask, pos
 
 
 def resolve_dtype(dtype: Dtype | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:

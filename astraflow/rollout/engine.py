@@ -20,7 +20,13 @@ import torch
 
 from astraflow.models import lora
 from astraflow.models.codec import Codec, load_codec
-from astraflow.models.hf import MIN_SHARED_PREFIX, cache_kwarg, load_policy, shared_opening
+from astraflow.models.hf import (
+    MIN_SHARED_PREFIX,
+    cache_kwarg,
+    left_padded,
+    load_policy,
+    run_opening,
+)
 from astraflow.models.weights import load_weights_into
 from astraflow.rollout.generation import LENGTH, STOP, Engine, Generation, check_prompts
 
@@ -135,45 +141,23 @@ class HFEngine:
             lps.append(logps[i, :k].tolist())
         return Generation(comps, lps, [STOP if bool(s) else LENGTH for s in done])
 
-
     def _prefill(self, prompts: list[list[int]], pad: int
                  ) -> tuple[object, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run the prompts: (KV cache, last logits, attention mask, next position ids).
 
-        Prompts that open alike (a chat template's system prompt: ~25 of the ~46 tokens
+        Prompts that open alike (a chat template's system prompt: 27 of the 46 tokens
         of SmolLM2's math question) share that opening: it runs once, its KV cache is
         repeated for every prompt, and only each prompt's rest runs on top of it,
         left-padded after the opening (the mask hides the pads; positions continue
         from the opening). Same attention, same positions, so the same distribution up
         to float rounding (tests/test_models.py; benchmarks/prefill.py measures it). Under
         `MIN_SHARED_PREFIX` tokens in common, or one prompt, the prompts run whole."""
-        n = len(prompts)
-        shared = shared_opening(prompts, MIN_SHARED_PREFIX)
-        cache = None
-        if shared:
-            head = torch.tensor([prompts[0][:shared]], dtype=torch.long)
-            out = self.model(input_ids=head, use_cache=True,
-                             position_ids=torch.arange(shared)[None, :])
-            cache = getattr(out, self._cache_kw)
-            cache.batch_repeat_interleave(n)
-            prompts = [p[shared:] for p in prompts]
-        width = max(len(p) for p in prompts)
-        ids = torch.full((n, width), pad, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p) :] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        if cache is None:
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                             use_cache=True)
-        else:
-            pos = pos + shared
-            mask = torch.cat([torch.ones((n, shared), dtype=torch.long), mask], dim=1)
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                             use_cache=True, **{self._cache_kw: cache})
+        shared, rests, opening = run_opening(self.model, prompts, MIN_SHARED_PREFIX,
+                                             self._cache_kw)
+        ids, mask, pos = left_padded(rests, pad, shared)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                         **opening)
         return getattr(out, self._cache_kw), out.logits[:, -1, :], mask, pos[:, -1:] + 1
-
 
 
 def _tail_hits(codec: Codec, row: list[int], stop: Sequence[str], tail: int) -> bool:

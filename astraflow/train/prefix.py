@@ -8,8 +8,9 @@ so the gradients are the per-row pass's. On SmolLM2, 8 prompts × 4 samples, for
 and backward took 4.7 s instead of 12 s on 2 CPU threads. Not under gradient
 checkpointing (no KV cache while a checkpointed model trains; astraflow.train.logprobs
 runs the plain pass there). The distinct prompts' common opening (the template's system
-prompt, 27 of those 46 tokens) runs once for all of them, as in the rollout engine. Prompts are left-padded with explicit position ids, as
-the rollout engine lays them out (astraflow.rollout.engine).
+prompt, 27 of those 46 tokens) runs once for all of them, as in the rollout engine.
+Prompts are left-padded with explicit position ids, as the rollout engine lays them out
+(astraflow.models.hf.left_padded).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from astraflow.models.hf import MIN_SHARED_PREFIX, cache_kwarg, shared_opening
+from astraflow.models.hf import MIN_SHARED_PREFIX, cache_kwarg, left_padded, run_opening
 
 
 def shared_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[Sequence[int]], list[int]]:
@@ -39,28 +40,12 @@ def prefix_hidden(backbone: torch.nn.Module, prompts: Sequence[Sequence[int]],
     for the first, the previous completion token for the rest) and that token."""
     device = next(backbone.parameters()).device
     distinct, index = shared_prompts(prompts)
-    n, u = len(prompts), len(distinct)
+    n = len(prompts)
     kw = cache_kwarg(backbone)
     # The distinct prompts' common opening (a chat template's system prompt) runs once too;
     # its KV cache, repeated for each prompt, carries the gradient back to it.
-    shared = shared_opening(distinct, MIN_SHARED_PREFIX)
-    opening = {}
-    if shared:
-        head = torch.tensor([list(distinct[0][:shared])], dtype=torch.long, device=device)
-        cache = getattr(backbone(input_ids=head, use_cache=True,
-                                 position_ids=torch.arange(shared, device=device)[None, :]), kw)
-        cache.batch_repeat_interleave(u)
-        opening = {kw: cache}
-        distinct = [p[shared:] for p in distinct]
-    width = max(len(p) for p in distinct)
-    ids = torch.full((u, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((u, width), dtype=torch.long)
-    for i, p in enumerate(distinct):
-        ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
-        attn[i, width - len(p):] = 1
-    pos = (attn.cumsum(-1) - 1).clamp(min=0) + shared
-    attn = torch.cat([torch.ones((u, shared), dtype=torch.long), attn], dim=1)
-    ids, attn, pos = ids.to(device), attn.to(device), pos.to(device)
+    shared, distinct, opening = run_opening(backbone, distinct, MIN_SHARED_PREFIX, kw, device)
+    ids, attn, pos = (t.to(device) for t in left_padded(distinct, pad_id, shared))
     out = backbone(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
                    **opening)
     rows = torch.tensor(index, dtype=torch.long, device=device)
