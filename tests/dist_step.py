@@ -3,7 +3,7 @@ rank under torchrun (tests/test_distributed.py runs it both ways and compares).
 
     python -m tests.dist_step MODEL_DIR OUT_DIR [--objective ppo|decoupled]
         [--minibatches M] [--micro-batch-rows R] [--rows N] [--lr LR] [--max-update-kl KL]
-        [--kl-coef C]
+        [--kl-coef C] [--entropy-floor H]
 
 Writes OUT_DIR/weights.safetensors (the full updated weights, gathered on rank 0)
 and OUT_DIR/metrics.json.
@@ -37,10 +37,12 @@ def step(model_dir: str, *, objective: str = "ppo", minibatches: int = 1,
          micro_batch_rows: int | None = None, rows: int = 4, lr: float = 1e-3,
          max_update_kl: float | None = None,
          max_update_kl_rows: int | None = None,
-         kl_coef: float = 0.0) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
+         kl_coef: float = 0.0,
+         entropy_floor: float | None = None) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
     """(full weights after one step on rank 0, else None; metrics) — alone or sharded.
     `kl_coef`: a KL anchor to a reference that is the model with seeded noise added (the
-    model itself would give a zero KL and no gradient to compare)."""
+    model itself would give a zero KL and no gradient to compare). `entropy_floor`: the
+    entropy bonus under that floor, weight 0.5."""
     from astraflow.models.hf import load_policy
     from astraflow.train.dist import Ranks
     from astraflow.train.fsdp import ShardedStep, full_state_dict, shard
@@ -65,7 +67,8 @@ def step(model_dir: str, *, objective: str = "ppo", minibatches: int = 1,
         with torch.no_grad():
             for p in ref.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=g))
-    settings = StepSettings(loss=LossConfig(objective, kl_coef=kl_coef), ref_model=ref,
+    loss = LossConfig(objective, kl_coef=kl_coef, entropy_floor=entropy_floor, entropy_coef=0.5)
+    settings = StepSettings(loss=loss, ref_model=ref,
                             minibatches=minibatches,
                             micro_batch_rows=micro_batch_rows, chunk_tokens=7,
                             max_update_kl=max_update_kl, max_update_kl_rows=max_update_kl_rows)
@@ -92,12 +95,14 @@ def main() -> None:
     ap.add_argument("--max-update-kl", type=float, default=None)
     ap.add_argument("--max-update-kl-rows", type=int, default=None)
     ap.add_argument("--kl-coef", type=float, default=0.0)
+    ap.add_argument("--entropy-floor", type=float, default=None)
     a = ap.parse_args()
     torch.set_num_threads(1)
     weights, metrics = step(a.model_dir, objective=a.objective, minibatches=a.minibatches,
                             micro_batch_rows=a.micro_batch_rows, rows=a.rows, lr=a.lr,
                             max_update_kl=a.max_update_kl,
-                            max_update_kl_rows=a.max_update_kl_rows, kl_coef=a.kl_coef)
+                            max_update_kl_rows=a.max_update_kl_rows, kl_coef=a.kl_coef,
+                            entropy_floor=a.entropy_floor)
     if weights is not None:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -66,6 +66,9 @@ def compare_step(tmp_path: Path, model_dir: Path, **kw) -> None:
     if kw.get("kl_coef"):
         keys.append("kl_ref")
         assert metrics["kl_ref"] > 1e-3  # the reference differs, so the anchor pulls
+    if kw.get("entropy_floor"):
+        keys.append("entropy_bonus_frac")
+        assert metrics["entropy_bonus_frac"] == 1.0  # the batch is under the floor
     for k in keys:
         assert two_metrics[k] == pytest.approx(metrics[k], rel=1e-4, abs=1e-6), k
     before = load_file(str(next(model_dir.glob("*.safetensors"))))
@@ -95,6 +98,13 @@ def test_two_rank_kl_anchor_equals_one_process(tmp_path, tiny_policy_dir):
     and the penalty's gradient reduces to the one-process one."""
     compare_step(tmp_path, tiny_policy_dir, objective="decoupled", minibatches=2,
                  micro_batch_rows=1, rows=7, lr=1e-3, kl_coef=0.5)
+
+
+def test_two_rank_entropy_floor_equals_one_process(tmp_path, tiny_policy_dir):
+    """The entropy bonus on 2 ranks: every rank decides the hinge from the whole
+    minibatch's behaviour logprobs, and a rank's zero-weighted pass adds nothing."""
+    compare_step(tmp_path, tiny_policy_dir, objective="decoupled", minibatches=2,
+                 micro_batch_rows=1, rows=7, lr=1e-3, entropy_floor=5.0)
 
 
 @pytest.mark.slow

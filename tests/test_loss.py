@@ -111,20 +111,24 @@ def test_chunked_logprobs_equal_the_full_vocabulary_reference(chunk):
     g_ref = torch.autograd.grad((ref * weights).sum(), params)
     out = completion_logprobs(model, prompts, comps, 0, temperature=0.7, chunk_tokens=chunk,
                               entropy=True)
-    g_new = torch.autograd.grad((out.logprobs * weights).sum(), params)
+    g_new = torch.autograd.grad((out.logprobs * weights).sum(), params, retain_graph=True)
     assert out.logprobs.shape == ref.shape
     assert (out.logprobs - ref).abs().max() < 1e-5
     assert max(float((a - b).abs().max()) for a, b in zip(g_ref, g_new, strict=True)) < 1e-5
-    # entropy of the temperature-T distribution at each completion position
-    with torch.no_grad():
-        ids = [p + c for p, c in zip(prompts, comps, strict=True)]
-        want = []
-        for p, row in zip(prompts, ids, strict=True):
-            logits = model(input_ids=torch.tensor([row])).logits[0, len(p) - 1 : len(row) - 1]
-            lp = torch.log_softmax(logits / 0.7, -1)
-            want.append(-(lp.exp() * lp).sum(-1))
-    assert out.entropy is not None and not out.entropy.requires_grad
-    assert torch.allclose(out.entropy, torch.cat(want), atol=1e-4)
+    # entropy of the temperature-T distribution at each completion position, with its
+    # gradient (algorithm.entropy_floor trains on it)
+    ids = [p + c for p, c in zip(prompts, comps, strict=True)]
+    want = []
+    for p, row in zip(prompts, ids, strict=True):
+        logits = model(input_ids=torch.tensor([row])).logits[0, len(p) - 1 : len(row) - 1]
+        lp = torch.log_softmax(logits / 0.7, -1)
+        want.append(-(lp.exp() * lp).sum(-1))
+    want_h = torch.cat(want)
+    assert out.entropy is not None and out.entropy.requires_grad
+    assert torch.allclose(out.entropy, want_h, atol=1e-4)
+    g_h = torch.autograd.grad((out.entropy * weights).sum(), params)
+    g_h_ref = torch.autograd.grad((want_h * weights).sum(), params)
+    assert max(float((a - b).abs().max()) for a, b in zip(g_h, g_h_ref, strict=True)) < 1e-5
 
 
 def test_a_model_whose_logits_are_not_head_of_hidden_is_refused():

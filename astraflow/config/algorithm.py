@@ -122,6 +122,20 @@ class AlgorithmSpec(Spec):
     the update, so the anchor acts on every sampled group (all-wrong ones included) while
     the policy gradient is as large as when they are dropped. With the default stages the
     two are the same."""
+    entropy_floor: float | None = Field(None, gt=0)
+    """An entropy bonus that acts only below a floor (nats per completion token, at the
+    sampling temperature): a minibatch whose sampled tokens' mean surprisal (−behaviour
+    logprob, an unbiased estimate of the entropy they were drawn from) is under it adds
+    −`entropy_coef` · H per token to the loss, H the new policy's entropy (with grad);
+    above it nothing is added. Why: once a group's samples all say the same wrong answer
+    their rewards do not differ and GRPO has no gradient to correct it
+    (docs/benchmarks/peers.md); a floor keeps the samples apart without the
+    ever-present bonus that makes a model ramble (Skywork-OR1 adapts its coefficient
+    for the same reason; this one is a fixed hinge, so a resumed trainer carries no
+    state). Cost: the entropy's backward on every head chunk of a minibatch under the
+    floor. None (default): off."""
+    entropy_coef: float = Field(0.01, ge=0)
+    """`entropy_floor`: the bonus's weight per token, normalised like the policy loss."""
 
 
 class StageSpec(Spec):

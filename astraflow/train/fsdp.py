@@ -15,7 +15,7 @@ from astraflow.train.batch import Batch
 from astraflow.train.checkpoint import WRAPPER_PREFIX
 from astraflow.train.dist import Ranks
 from astraflow.train.logprobs import TokenLogprobs, completion_logprobs
-from astraflow.train.loss import LossStats, policy_loss
+from astraflow.train.loss import LossStats, entropy_floor_on, policy_loss
 from astraflow.train.step import (
     StepSettings,
     move_metrics,
@@ -124,7 +124,7 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
 
     def measure(micro: Batch, out: TokenLogprobs) -> None:
         assert out.entropy is not None
-        ent[0] += float((out.entropy * micro.mask).sum())
+        ent[0] += float((out.entropy.detach() * micro.mask).sum())
         ent[1] += float(micro.mask.sum())
         if micro.on_policy_rows is not None and any(micro.on_policy_rows):
             sel = micro.token_rows(micro.on_policy_rows) & (micro.mask > 0)
@@ -155,12 +155,13 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
         if n_tokens == 0:
             continue  # the same on every rank: they all hold the whole batch
         n_pg = signal_tokens(whole, s.loss)
+        bonus = entropy_floor_on(s.loss, whole.behavior_logprobs, whole.mask)
         opt.zero_grad(set_to_none=True)
         real = 0
         befores: list[torch.Tensor] = []  # this rank's pre-update logprobs (trust region)
         for x, y in plan:
             first_pass = k == 0 and proximal is None
-            micro, out, dummy = logprobs(a, x, y, first_pass)
+            micro, out, dummy = logprobs(a, x, y, first_pass or bonus)
             new = out.logprobs
             if trust is not None and not dummy:
                 befores.append(new.detach())
@@ -173,7 +174,8 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
             loss, st = policy_loss(new, micro.behavior_logprobs, micro.advantages, micro.mask,
                                    s.loss, logp_proximal=prox, normalizer=n_tokens,
                                    token_weights=micro.weights, logp_ref=ref,
-                                   pg_normalizer=n_pg)
+                                   pg_normalizer=n_pg, entropy_on=bonus,
+                                   entropy=new * 0.0 if dummy else out.entropy)
             if dummy:
                 (loss * 0.0).backward()
             else:
@@ -198,8 +200,7 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
     stats = LossStats(**{n: (int(v) if n == "tokens" else v)
                          for n, v in zip(names, summed[:len(names)], strict=True)})
     ent_sum, ent_n, mis_sum, mis_n = summed[len(names):]
-    metrics = step_metrics(stats, s.loss.objective, grad_norms, (ent_sum, ent_n),
-                           (mis_sum, mis_n), kl_ref=kl)
+    metrics = step_metrics(stats, s.loss, grad_norms, (ent_sum, ent_n), (mis_sum, mis_n))
     metrics.update(move_metrics(moves))
     return metrics, len(grad_norms)
 

@@ -66,9 +66,10 @@ def completion_logprobs_reference(
 
 @dataclass
 class TokenLogprobs:
-    """Per completion token, flattened row by row: the logprob (with grad when the
-    caller's context has grad) and, if asked, the entropy (no grad) of the
-    temperature-T distribution it was sampled from."""
+    """Per completion token, flattened row by row: the logprob and, if asked, the
+    entropy of the temperature-T distribution it was sampled from (both with grad when
+    the caller's context has grad: `algorithm.entropy_floor` trains on the entropy;
+    detach it to only measure it)."""
 
     logprobs: torch.Tensor
     entropy: torch.Tensor | None = None
@@ -167,8 +168,8 @@ def _prefix_matches(model: torch.nn.Module, parts: _Parts) -> bool:
 
 def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
                     temperature: float, entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprobs of `targets` (with grad) and, if asked, the entropy of each position's
-    distribution (no grad; empty otherwise), from one head matmul."""
+    """Logprobs of `targets` and, if asked, the entropy of each position's distribution
+    (empty otherwise), from one head matmul; both with grad when grad is on."""
     logits = head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -176,8 +177,7 @@ def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.
     taken = logp.gather(-1, targets[:, None]).squeeze(-1)
     if not entropy:
         return taken, taken.new_zeros((0,))
-    with torch.no_grad():
-        return taken, -(logp.exp() * logp).sum(-1)
+    return taken, -(logp.exp() * logp).sum(-1)
 
 
 def completion_logprobs(
@@ -214,18 +214,18 @@ def completion_logprobs(
         shared = (prompts, completions, pad_id) if repeats and model.shared_ok() else None
         out, ent = model(ids.to(device), attn.to(device), target_mask.to(device),
                          temperature, chunk_tokens, entropy, shared)
-        return TokenLogprobs(out, ent.detach() if entropy else None)
+        return TokenLogprobs(out, ent if entropy else None)
     parts = _parts(model)
     _check_head_matches(model, parts)
     if repeats and not _checkpointed(model) and _prefix_matches(model, parts):
         h, targets = prefix_hidden(parts.backbone, prompts, completions, pad_id)
         out, ent = _head_logprobs(parts, h, targets, temperature, chunk_tokens, entropy)
-        return TokenLogprobs(out, ent.detach() if entropy else None)
+        return TokenLogprobs(out, ent if entropy else None)
     device = device_of(model)
     if device.type != "cpu":
         ids, attn, target_mask = ids.to(device), attn.to(device), target_mask.to(device)
     out, ent = _token_logprobs(parts, ids, attn, target_mask, temperature, chunk_tokens, entropy)
-    return TokenLogprobs(out, ent.detach() if entropy else None)
+    return TokenLogprobs(out, ent if entropy else None)
 
 
 def _checkpointed(model: torch.nn.Module) -> bool:

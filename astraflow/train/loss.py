@@ -9,6 +9,9 @@ negative-advantage token's objective at c·A (Ye et al. 2020). `kl_coef` adds th
 estimate of KL(new ‖ reference) per token, capped at `KL_CAP` (as verl's `low_var_kl`
 caps it): a token the policy now finds far less likely than the reference did would
 otherwise carry exp(ref − new), thousands, and set the clipped update's direction alone.
+`entropy_floor` adds −entropy_coef · H per token (an entropy bonus) on a minibatch
+whose sampled tokens' entropy, estimated from their behaviour logprobs, is under the
+floor: `entropy_floor_on` says why it is estimated that way.
 
 The loss is Σ w·m·ℓ / normalizer: the caller passes the step's global (weighted)
 token count, so accumulated micro-batches sum to the one-shot gradient of the mean,
@@ -38,6 +41,8 @@ class LossConfig:
     is_cap: float = 2.0
     kl_coef: float = 0.0
     pg_mean: Literal["all", "signal"] = "all"
+    entropy_floor: float | None = None
+    entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
         if self.objective not in ("ppo", "decoupled"):
@@ -52,6 +57,10 @@ class LossConfig:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.pg_mean not in ("all", "signal"):
             raise ValueError(f"pg_mean must be 'all' or 'signal', got {self.pg_mean!r}")
+        if self.entropy_floor is not None and self.entropy_floor <= 0:
+            raise ValueError(f"entropy_floor must be > 0 nats per token, got {self.entropy_floor}")
+        if self.entropy_coef < 0:
+            raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
 
 
 @dataclass
@@ -67,6 +76,7 @@ class LossStats:
     is_weight_sum: float = 0.0  # decoupled: truncated exp(proximal − behaviour)
     is_truncated: float = 0.0   # decoupled: tokens whose weight hit is_cap
     kl_ref_sum: float = 0.0     # kl_coef > 0: k3 estimate of KL(new ‖ reference), per token
+    entropy_bonus: float = 0.0  # entropy_floor: tokens that carried the entropy bonus
 
     def merge(self, other: LossStats) -> LossStats:
         return LossStats(**{k: getattr(self, k) + getattr(other, k) for k in self.__dataclass_fields__})
@@ -86,7 +96,8 @@ class LossStats:
     def approx_kl(self) -> float:
         return self._mean(self.kl_sum)
 
-    def metrics(self, objective: Objective, *, kl_ref: bool = False) -> dict[str, float]:
+    def metrics(self, objective: Objective, *, kl_ref: bool = False,
+                entropy_floor: bool = False) -> dict[str, float]:
         out = {"loss": self.loss, "clip_frac": self.clip_frac, "ratio_mean": self.ratio_mean,
                "approx_kl": self.approx_kl, "dual_clip_frac": self._mean(self.dual_clipped),
                "tokens": float(self.tokens)}
@@ -95,6 +106,8 @@ class LossStats:
             out["is_truncated_frac"] = self._mean(self.is_truncated)
         if kl_ref:
             out["kl_ref"] = self._mean(self.kl_ref_sum)
+        if entropy_floor:
+            out["entropy_bonus_frac"] = self._mean(self.entropy_bonus)
         return out
 
 
@@ -110,6 +123,8 @@ def policy_loss(
     token_weights: torch.Tensor | None = None,
     logp_ref: torch.Tensor | None = None,
     pg_normalizer: float | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_on: bool = False,
 ) -> tuple[torch.Tensor, LossStats]:
     """The per-token objective of `cfg.objective`, summed over unmasked tokens (times
     `token_weights` when given: the rows' loss weights) and divided by `normalizer`
@@ -123,6 +138,8 @@ def policy_loss(
     `cfg.kl_coef` > 0: each token then adds kl_coef · k3(new, ref) (module docstring).
     `pg_normalizer`: divide the policy term by it instead (the KL term keeps
     `normalizer`): `pg_mean: signal` passes the tokens of rows with a non-zero advantage.
+    `entropy_on` (from `entropy_floor_on`, for the whole minibatch): each token adds
+    −entropy_coef · `entropy` (the new policy's, with grad), under `normalizer`.
     """
     if not (logp_new.shape == logp_behavior.shape == advantages.shape == mask.shape):
         raise ValueError("policy_loss: inputs must have one entry per token")
@@ -177,6 +194,10 @@ def policy_loss(
                                     torch.zeros_like(logp_new)).clamp(-20.0, 20.0)
         kl_ref = (torch.exp(ref_log_ratio) - ref_log_ratio - 1).clamp(max=KL_CAP)
         per_token = per_token + cfg.kl_coef * kl_ref
+    if entropy_on and cfg.entropy_coef > 0:
+        if entropy is None or entropy.shape != logp_new.shape:
+            raise ValueError("policy_loss: entropy_on needs the new policy's entropy, one per token")
+        per_token = per_token - cfg.entropy_coef * entropy
     loss = (per_token * scale).sum() / n
     with torch.no_grad():
         beh_log_ratio = logp_new - logp_behavior
@@ -194,7 +215,31 @@ def policy_loss(
             stats.is_truncated = float(((raw_w > cfg.is_cap).to(mask.dtype) * mask).sum())
         if kl_ref is not None:
             stats.kl_ref_sum = float((kl_ref * mask).sum())
+        if entropy_on and cfg.entropy_coef > 0:
+            stats.entropy_bonus = count
     return loss, stats
+
+
+def entropy_floor_on(cfg: LossConfig, behavior_logprobs: torch.Tensor,
+                     mask: torch.Tensor) -> bool:
+    """Does this minibatch carry the entropy bonus? Yes when its sampled tokens'
+    entropy is under `cfg.entropy_floor`, estimated as −mean(behaviour logprob): the
+    mean surprisal of tokens drawn from a distribution is an unbiased estimate of its
+    entropy. Known before any forward pass and the same on every rank (each holds the
+    whole batch), so micro-batches and shards all add the same term, and a resumed
+    trainer decides as the crashed one did (nothing is carried between steps).
+
+    A hinge on the batch, not on each token: a per-token floor would push the
+    deterministic tokens (the question copied out, the format) off their one right
+    choice, while the bonus's gradient, p·(log p + H) per logit, already falls on the
+    tokens whose choice is open."""
+    if cfg.entropy_floor is None or cfg.entropy_coef <= 0:
+        return False
+    m = mask.to(behavior_logprobs.dtype)
+    n = float(m.sum())
+    if n == 0:
+        return False
+    return -float((behavior_logprobs * m).sum()) / n < cfg.entropy_floor
 
 
 def ppo_clip_loss(

@@ -19,7 +19,7 @@ import torch
 
 from astraflow.train.batch import Batch
 from astraflow.train.logprobs import completion_logprobs, device_of
-from astraflow.train.loss import LossConfig, LossStats, Objective, policy_loss
+from astraflow.train.loss import LossConfig, LossStats, entropy_floor_on, policy_loss
 from astraflow.train.trust import TrustRegion, batch_budget, kl_sums
 
 if TYPE_CHECKING:
@@ -127,6 +127,7 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
         if n_tokens == 0:
             continue  # every token masked (a tool's turn) or weighted 0: nothing to learn
         n_pg = signal_tokens(mb, s.loss)
+        bonus = entropy_floor_on(s.loss, mb.behavior_logprobs, mb.mask)
         opt.zero_grad(set_to_none=True)
         for ma, mb_end in split(len(mb), -(-len(mb) // mb_rows)):
             micro = mb.select(ma, mb_end)
@@ -134,13 +135,13 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
             with fwd():
                 out = completion_logprobs(model, micro.prompts, micro.completions, pad_id,
                                           temperature=s.temperature, chunk_tokens=s.chunk_tokens,
-                                          entropy=first_pass)
+                                          entropy=first_pass or bonus)
             new = out.logprobs
             if trust is not None:
                 befores.append((micro, new.detach()))
             if first_pass:
                 assert out.entropy is not None
-                entropy_sum += float((out.entropy * micro.mask).sum())
+                entropy_sum += float((out.entropy.detach() * micro.mask).sum())
                 entropy_n += int(micro.mask.sum())
                 if micro.on_policy_rows is not None and any(micro.on_policy_rows):
                     sel = micro.token_rows(micro.on_policy_rows) & (micro.mask > 0)
@@ -161,7 +162,7 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
             loss, st = policy_loss(new, micro.behavior_logprobs, micro.advantages, micro.mask,
                                    s.loss, logp_proximal=prox, normalizer=n_tokens,
                                    token_weights=micro.weights, logp_ref=ref,
-                                   pg_normalizer=n_pg)
+                                   pg_normalizer=n_pg, entropy=out.entropy, entropy_on=bonus)
             loss.backward()
             stats = stats.merge(st)
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)))
@@ -184,8 +185,8 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
             limit = batch_budget(trust.max_kl, mb.advantages, mb.offsets(),
                                  s.max_update_kl_rows)
             moves.append((*trust.bound(measure, limit), limit))
-    metrics = step_metrics(stats, s.loss.objective, grad_norms, (entropy_sum, entropy_n),
-                           (mismatch_sum, mismatch_n), kl_ref=kl)
+    metrics = step_metrics(stats, s.loss, grad_norms, (entropy_sum, entropy_n),
+                           (mismatch_sum, mismatch_n))
     metrics.update(move_metrics(moves))
     return metrics, len(grad_norms)
 
@@ -212,12 +213,12 @@ def move_metrics(moves: list[tuple[float, float, float]]) -> dict[str, float]:
             "update_kl_bound": sum(m[2] for m in moves) / len(moves)}
 
 
-def step_metrics(stats: LossStats, objective: Objective, grad_norms: list[float],
-                 entropy: tuple[float, float], mismatch: tuple[float, float], *,
-                 kl_ref: bool = False) -> dict[str, float]:
+def step_metrics(stats: LossStats, loss: LossConfig, grad_norms: list[float],
+                 entropy: tuple[float, float], mismatch: tuple[float, float]) -> dict[str, float]:
     """A step's metrics from its loss sums, per-update gradient norms, and the (sum,
     tokens) of entropy and of |trainer − behaviour| logprob on on-policy rows."""
-    metrics = stats.metrics(objective, kl_ref=kl_ref)
+    metrics = stats.metrics(loss.objective, kl_ref=loss.kl_coef > 0,
+                            entropy_floor=loss.entropy_floor is not None)
     if grad_norms:
         metrics["loss"] = stats.loss / len(grad_norms)  # mean of the updates' losses
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
@@ -272,7 +273,7 @@ def step_settings(algo: AlgorithmSpec, *, temperature: float, first_update: int,
     sampling `temperature`, as the engines record them."""
     return StepSettings(
         loss=LossConfig(algo.objective, algo.clip_eps, algo.dual_clip, algo.is_cap,
-                        algo.kl_coef, algo.pg_mean),
+                        algo.kl_coef, algo.pg_mean, algo.entropy_floor, algo.entropy_coef),
         temperature=temperature, minibatches=algo.minibatches,
         micro_batch_rows=algo.micro_batch_rows, chunk_tokens=algo.logprob_chunk_tokens,
         grad_clip=algo.grad_clip, lr=lr_schedule(algo), first_update=first_update,
