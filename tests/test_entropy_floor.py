@@ -133,3 +133,14 @@ def test_the_floor_holds_entropy_up_while_the_reward_is_learnt():
     assert h_plain < 0.3 * floor                        # collapsed without it (~0.03)
     assert h_floor > 0.8 * floor                        # held near the floor with it (~1.0)
     assert r_plain > 0.95 and r_floor > 0.9             # both learnt (the best token is 1.0)
+
+
+def test_the_flow_setting_reaches_the_step():
+    from astraflow.config.algorithm import AlgorithmSpec
+    from astraflow.train.step import step_settings
+
+    s = step_settings(AlgorithmSpec(entropy_floor=0.3), temperature=0.7, first_update=0)
+    assert (s.loss.entropy_floor, s.loss.entropy_coef) == (0.3, 1.0)
+    assert step_settings(AlgorithmSpec(), temperature=0.7, first_update=0).loss.entropy_floor is None
+    with pytest.raises(ValueError):
+        AlgorithmSpec(entropy_floor=-0.1)

@@ -134,8 +134,11 @@ class AlgorithmSpec(Spec):
     for the same reason; this one is a fixed hinge, so a resumed trainer carries no
     state). Cost: the entropy's backward on every head chunk of a minibatch under the
     floor. None (default): off."""
-    entropy_coef: float = Field(0.01, ge=0)
-    """`entropy_floor`: the bonus's weight per token, normalised like the policy loss."""
+    entropy_coef: float = Field(1.0, ge=0)
+    """`entropy_floor`: the bonus's weight per token, normalised like the policy loss.
+    Large next to the 0.001-0.01 of an ever-present bonus, because it must outweigh the
+    policy term's own pull on the entropy: on SmolLM2's late math batches the weight that
+    cancels it to first order measured 0.85-0.9 (docs/models.md)."""
 
 
 class StageSpec(Spec):

@@ -58,6 +58,7 @@ def settings(flow: FlowSpec, cfg, threads: int) -> dict[str, object]:
         "weight decay": cfg.weight_decay,
         "grad clip": cfg.max_grad_norm,
         "lr schedule": str(cfg.lr_scheduler_type).rsplit(".", 1)[-1].lower(),
+        "entropy floor": "none",
         "KL coef": cfg.beta,
         "clip ε": cfg.epsilon,
         "dtype": "float32",
@@ -80,7 +81,10 @@ def flow_settings(flow: FlowSpec, threads: str) -> dict[str, object]:
         "betas": tuple(algo.betas),
         "weight decay": algo.weight_decay,
         "grad clip": algo.grad_clip,
-        "lr schedule": algo.lr_schedule,
+        "lr schedule": (f"cosine to {algo.lr_min_ratio:g}x over {algo.lr_decay_steps} updates"
+                        if algo.lr_schedule == "cosine" else algo.lr_schedule),
+        "entropy floor": (f"{algo.entropy_floor:g} nats/token (weight {algo.entropy_coef:g})"
+                          if algo.entropy_floor is not None else "none"),
         "KL coef": algo.kl_coef,
         "clip ε": algo.clip_eps,
         "dtype": "float32",
