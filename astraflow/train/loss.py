@@ -7,11 +7,8 @@ behaviour→proximal gap by an importance weight truncated at `is_cap`, so a sta
 moves the policy at most eps from where it is now. `dual_clip: c` bounds a
 negative-advantage token's objective at c·A (Ye et al. 2020). `kl_coef` adds the k3
 estimate of KL(new ‖ reference) per token, capped at `KL_CAP` (as verl's `low_var_kl`
-caps it): a token the policy now finds far less likely than the reference did would
-otherwise carry exp(ref − new), thousands, and set the clipped update's direction alone.
-`entropy_floor` adds −entropy_coef · H per token (an entropy bonus) on a minibatch
-whose sampled tokens' entropy, estimated from their behaviour logprobs, is under the
-floor: `entropy_floor_on` says why it is estimated that way.
+caps it): a token far less likely than under the reference would otherwise carry
+exp(ref − new) and set the update alone. `entropy_floor`: see `entropy_floor_on`.
 
 The loss is Σ w·m·ℓ / normalizer: the caller passes the step's global (weighted)
 token count, so accumulated micro-batches sum to the one-shot gradient of the mean,
