@@ -120,3 +120,19 @@ def test_pretrained_policies_bound_each_update_unless_told_otherwise():
     assert own.algorithm.max_update_kl == 0.1
     tiny = load_flow(EXAMPLE).policies[0]
     assert tiny.algorithm.max_update_kl is None and tiny.warm_start.max_steps > 0
+
+
+def test_pretrained_policies_decay_over_the_budget_with_an_entropy_floor():
+    """`hf` policies decay their rate over the run's budget and keep an entropy floor
+    unless the flow says otherwise; tiny policies keep a constant rate and no floor."""
+    from astraflow.config.flow import HF_ENTROPY_FLOOR
+
+    hf = load_flow(EXAMPLE.with_name("smollm2-math.yaml")).policies[0].algorithm
+    assert (hf.lr_schedule, hf.lr_decay_steps, hf.entropy_floor) == ("cosine", None,
+                                                                    HF_ENTROPY_FLOOR)
+    own = load_flow(EXAMPLE.with_name("smollm2-math.yaml"), {
+        "policies.0.algorithm.lr_schedule": "constant",
+        "policies.0.algorithm.entropy_floor": None}).policies[0].algorithm
+    assert (own.lr_schedule, own.entropy_floor) == ("constant", None)
+    tiny = load_flow(EXAMPLE).policies[0].algorithm
+    assert (tiny.lr_schedule, tiny.entropy_floor) == ("constant", None)

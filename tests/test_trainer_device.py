@@ -42,6 +42,50 @@ def test_lr_schedule_warmup_then_cosine():
     assert flat is not None and [flat(n) for n in range(4)] == pytest.approx([5e-4, 1e-3, 1e-3, 1e-3])
 
 
+def test_lr_schedule_over_the_runs_budget():
+    """Without `lr_decay_steps` the cosine spans the run's budget: its position is the
+    larger of the updates made over the step budget and the share of minutes gone."""
+    algo = AlgorithmSpec(lr=1e-3, lr_schedule="cosine", lr_min_ratio=0.1)
+    cos = lambda t: 1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * t))  # noqa: E731
+    by_steps = lr_schedule(algo, budget_updates=20)
+    assert by_steps is not None
+    assert [by_steps(n) for n in (0, 5, 10, 20, 40)] == pytest.approx(
+        [1e-3, cos(0.25), cos(0.5), 1e-4, 1e-4])
+    by_time = lr_schedule(algo, budget_updates=1000, budget_used=0.5)
+    assert by_time is not None and by_time(3) == pytest.approx(cos(0.5))
+    late = lr_schedule(algo, budget_updates=1000, budget_used=1.7)  # past the deadline
+    assert late is not None and late(3) == pytest.approx(1e-4)
+    warm = lr_schedule(algo.model_copy(update={"lr_warmup_steps": 4}), budget_updates=14)
+    assert warm is not None and warm(9) == pytest.approx(cos(0.5))
+
+
+@pytest.mark.parametrize(("minutes", "steps"), [(1e6, 4), (1e-4, 2000)])
+def test_trainer_decays_over_the_runs_budget(tmp_path, tiny_policy_dir, minutes, steps):
+    """The trainer hands its step budget and the share of `stop.max_minutes` gone since
+    version 0's publish to the schedule: a 4-step budget ends at the floor after 4
+    steps; a budget of minutes already spent puts the first update there."""
+    flow = {
+        "name": "b", "policies": [{"name": "solver", "model": {
+            "hidden_size": 64, "layers": 2, "heads": 2, "intermediate_size": 128},
+            "algorithm": {"lr": 0.01, "lr_schedule": "cosine", "lr_min_ratio": 0.1}}],
+        "env": {"digits": 2, "eval_size": 20},
+        "rollout": {"prompts_per_batch": 2, "samples_per_prompt": 4},
+        "trainer": {"device": "cpu"}, "stop": {"max_steps": steps, "max_minutes": minutes},
+    }
+    ctx = seeded_run(tmp_path / "r", flow, tiny_policy_dir)
+    fill(ctx, 4)
+    tr = Trainer(ctx)
+    rates = []
+    for _ in range(4):
+        train(tr, 1)
+        rates.append(tr.opt.param_groups[0]["lr"])
+    if steps == 4:
+        assert rates == pytest.approx([0.01 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * k / 4)))
+                                       for k in range(4)])
+    else:
+        assert rates == pytest.approx([0.001] * 4)
+
+
 def make(run, policy_dir, **trainer) -> RunContext:
     flow = {
         "name": "d", "policies": [{"name": "solver", "model": {"hidden_size": 64, "layers": 2,

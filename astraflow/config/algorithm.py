@@ -76,9 +76,15 @@ class AlgorithmSpec(Spec):
     hold, so a resumed trainer continues on the same curve."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
     """After warmup: `constant`, or `cosine` decay from `lr` to `lr`·`lr_min_ratio` over
-    `lr_decay_steps` updates (then held there)."""
-    lr_decay_steps: int = Field(1000, ge=1)
-    """`cosine`: updates after warmup over which the learning rate decays."""
+    `lr_decay_steps` updates, or over the run's budget (then held there). Default:
+    `cosine` over the budget for `hf` policies (astraflow.config.flow says why),
+    `constant` for `tiny` ones."""
+    lr_decay_steps: int | None = Field(None, ge=1)
+    """`cosine`: updates after warmup over which the learning rate decays. None: the
+    run's budget, whichever of `stop.max_steps` (× `minibatches` updates) and
+    `stop.max_minutes` (counted from version 0's publish) it has used more of, so the
+    rate is at its floor when the run ends (the budget-aware schedule of Li et al. 2020,
+    "Budgeted Training"; transformers' Trainer decays over `max_steps` likewise)."""
     lr_min_ratio: float = Field(0.1, ge=0, le=1)
     """`cosine`: the final learning rate as a fraction of `lr`."""
     max_update_kl: float | None = Field(None, gt=0)

@@ -28,6 +28,15 @@ HF_MAX_UPDATE_KL = 0.02
 that PPO practice targets (0.01-0.02; PPO's adaptive-KL and target-KL settings), the
 top of that range since a pulled-back update still costs its forward passes."""
 
+HF_ENTROPY_FLOOR = 0.3
+"""`algorithm.entropy_floor` of an `hf` policy that does not set it (nats per completion
+token at the sampling temperature). Once most groups are solved, GRPO's few groups left
+with signal drive the sampling entropy down (SmolLM2 at T 0.7: 0.4-0.5 at version 0,
+0.12-0.15 when its held-out fell) until a group's samples agree on a wrong answer and
+nothing corrects it; 0.3 sits below a healthy policy's entropy, so the hinge is idle
+until that collapse begins (docs/benchmarks/peers.md, "An entropy floor, and a
+decaying rate")."""
+
 
 class PolicySpec(Spec):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")
@@ -46,17 +55,22 @@ class PolicySpec(Spec):
     def _pretrained_defaults(self) -> PolicySpec:
         """Defaults of a pretrained (`hf`) policy, each only where the flow left it unset.
         Version 0 is the model as it is, so a warm start is opt-in (a tiny model from
-        scratch needs one to get any reward). Each update is bounded (`max_update_kl`;
-        `null` turns it off): a pretrained model has skill to lose, and with clipping and
-        Adam an update moves it about as far whatever its batch says (why and what it
-        measured: docs/benchmarks/peers.md)."""
+        scratch needs one to get any reward). A pretrained model has skill to lose, so
+        it learns under three guards (why and what each measured:
+        docs/benchmarks/peers.md): each update is bounded (`max_update_kl`; `null`
+        turns it off), since with clipping and Adam an update moves it about as far
+        whatever its batch says; the rate decays over the run's budget (`lr_schedule:
+        cosine`), since at a constant rate Adam takes full steps on the last few groups
+        with signal; and the sampling entropy has a floor (`entropy_floor`)."""
         if self.model.kind != "hf":
             return self
         if "warm_start" not in self.model_fields_set:
             self.warm_start = WarmStartSpec(max_steps=0)
-        if "max_update_kl" not in self.algorithm.model_fields_set:
-            self.algorithm = self.algorithm.model_copy(
-                update={"max_update_kl": HF_MAX_UPDATE_KL})
+        unset = {"max_update_kl": HF_MAX_UPDATE_KL, "lr_schedule": "cosine",
+                 "entropy_floor": HF_ENTROPY_FLOOR}
+        unset = {k: v for k, v in unset.items() if k not in self.algorithm.model_fields_set}
+        if unset:
+            self.algorithm = self.algorithm.model_copy(update=unset)
         return self
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -246,11 +247,17 @@ def set_lr(opt: torch.optim.Optimizer, s: StepSettings, k: int) -> None:
             g["lr"] = rate
 
 
-def lr_schedule(algo: AlgorithmSpec) -> Callable[[int], float] | None:
+def lr_schedule(algo: AlgorithmSpec, *, budget_updates: int | None = None,
+                budget_used: float = 0.0) -> Callable[[int], float] | None:
     """The learning rate of optimizer update n (`algorithm.lr_warmup_steps`,
     `lr_schedule`): linear warmup to `lr`, then constant or cosine down to
-    `lr`·`lr_min_ratio`. A pure function of the update count, which checkpoints hold,
-    so a resumed run stays on the curve. None when it is constant from the start."""
+    `lr`·`lr_min_ratio`. Over `lr_decay_steps` updates, a pure function of the update
+    count, which checkpoints hold, so a resumed run stays on the curve. With
+    `lr_decay_steps` None the cosine spans the run's budget: its position is the larger
+    of the updates made over `budget_updates` (`stop.max_steps` × `minibatches`) and
+    `budget_used`, the share of `stop.max_minutes` gone at this trainer step (read from
+    the store's version 0, so a resumed trainer also stays on it). None when the rate is
+    constant from the start."""
     lr, warm = algo.lr, algo.lr_warmup_steps
     if warm == 0 and algo.lr_schedule == "constant":
         return None
@@ -260,22 +267,41 @@ def lr_schedule(algo: AlgorithmSpec) -> Callable[[int], float] | None:
             return lr * (n + 1) / warm
         if algo.lr_schedule == "constant":
             return lr
-        t = min(1.0, (n - warm) / algo.lr_decay_steps)
+        if algo.lr_decay_steps is not None:
+            t = (n - warm) / algo.lr_decay_steps
+        else:
+            t = budget_used
+            if budget_updates is not None:
+                t = max(t, (n - warm) / max(1, budget_updates - warm))
+        t = min(1.0, max(0.0, t))
         return lr * (algo.lr_min_ratio + (1 - algo.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
     return at
 
 
+def budget_used(algo: AlgorithmSpec, max_minutes: float,
+                run_start: Callable[[], float]) -> float:
+    """The share of the run's `max_minutes` gone since `run_start()` (only read when the
+    rate decays over the run's budget; else 0). The trainer passes version 0's publish
+    time, which the store keeps, so a restarted trainer measures from the same moment;
+    it reads this on rank 0 and shares it, so every rank steps with one rate."""
+    if algo.lr_schedule != "cosine" or algo.lr_decay_steps is not None:
+        return 0.0
+    return (time.time() - run_start()) / (max_minutes * 60)
+
+
 def step_settings(algo: AlgorithmSpec, *, temperature: float, first_update: int,
                   autocast: torch.dtype | None = None,
-                  ref_model: torch.nn.Module | None = None) -> StepSettings:
+                  ref_model: torch.nn.Module | None = None,
+                  budget_updates: int | None = None, budget_used: float = 0.0) -> StepSettings:
     """A policy's `algorithm` section as StepSettings; logprobs are taken at the flow's
-    sampling `temperature`, as the engines record them."""
+    sampling `temperature`, as the engines record them (the budget: see lr_schedule)."""
     return StepSettings(
         loss=LossConfig(algo.objective, algo.clip_eps, algo.dual_clip, algo.is_cap,
                         algo.kl_coef, algo.pg_mean, algo.entropy_floor, algo.entropy_coef),
         temperature=temperature, minibatches=algo.minibatches,
         micro_batch_rows=algo.micro_batch_rows, chunk_tokens=algo.logprob_chunk_tokens,
-        grad_clip=algo.grad_clip, lr=lr_schedule(algo), first_update=first_update,
+        grad_clip=algo.grad_clip, first_update=first_update,
+        lr=lr_schedule(algo, budget_updates=budget_updates, budget_used=budget_used),
         autocast=autocast, ref_model=ref_model, max_update_kl=algo.max_update_kl,
         max_update_kl_rows=algo.max_update_kl_rows)

@@ -41,7 +41,7 @@ from astraflow.train.fsdp import ShardedStep, full_state_dict, shard
 from astraflow.train.lineage import Lineage
 from astraflow.train.logprobs import LogprobModel
 from astraflow.train.publisher import Publisher, frozen_state
-from astraflow.train.step import Step, optimize, step_settings
+from astraflow.train.step import Step, budget_used, optimize, step_settings
 from astraflow.train.version0 import reference_model
 
 log = logging.getLogger("astraflow.trainer")
@@ -357,10 +357,14 @@ class Trainer:
     def _optimize(self, batch: Batch) -> tuple[dict[str, float], int]:
         """One trainer step's updates on the batch (on every rank); returns (metrics,
         optimizer updates made)."""
+        algo, stop = self.spec.algorithm, self.ctx.flow.stop
+        v0 = lambda: self.weights.manifest(self.policy, 0).time  # noqa: E731 (the budget's start)
         settings = step_settings(
-            self.spec.algorithm, temperature=self.ctx.flow.rollout.temperature,
+            algo, temperature=self.ctx.flow.rollout.temperature,
             first_update=self.optimizer_steps,
-            autocast=None if self.ranks.sharded else self.compute, ref_model=self.ref_model)
+            autocast=None if self.ranks.sharded else self.compute, ref_model=self.ref_model,
+            budget_updates=stop.max_steps * algo.minibatches, budget_used=self.ranks.share(
+                budget_used(algo, stop.max_minutes, v0) if self.main else None))
         return self.updater(self.module, self.opt, batch, self.codec.pad_id, settings)
 
     def _publish(self, parent: int | None = None) -> float:

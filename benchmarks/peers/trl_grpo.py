@@ -81,8 +81,10 @@ def flow_settings(flow: FlowSpec, threads: str) -> dict[str, object]:
         "betas": tuple(algo.betas),
         "weight decay": algo.weight_decay,
         "grad clip": algo.grad_clip,
-        "lr schedule": (f"cosine to {algo.lr_min_ratio:g}x over {algo.lr_decay_steps} updates"
-                        if algo.lr_schedule == "cosine" else algo.lr_schedule),
+        "lr schedule": (f"cosine to {algo.lr_min_ratio:g}x over " + (
+            f"{algo.lr_decay_steps} updates" if algo.lr_decay_steps is not None else
+            f"the run's budget ({flow.stop.max_steps} steps or {flow.stop.max_minutes:g} min)")
+            if algo.lr_schedule == "cosine" else algo.lr_schedule),
         "entropy floor": (f"{algo.entropy_floor:g} nats/token (weight {algo.entropy_coef:g})"
                           if algo.entropy_floor is not None else "none"),
         "KL coef": algo.kl_coef,
