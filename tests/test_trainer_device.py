@@ -84,6 +84,9 @@ def test_trainer_decays_over_the_runs_budget(tmp_path, tiny_policy_dir, minutes,
                                        for k in range(4)])
     else:
         assert rates == pytest.approx([0.001] * 4)
+    logged = sorted((r["step"], r["value"]) for r in ctx.ledger().read_metrics().to_pylist()
+                    if r["component"] == "trainer" and r["name"] == "lr")
+    assert [v for _, v in logged] == pytest.approx(rates)  # the metric `lr`, step by step
 
 
 def make(run, policy_dir, **trainer) -> RunContext:

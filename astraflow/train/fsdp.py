@@ -201,7 +201,7 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
                          for n, v in zip(names, summed[:len(names)], strict=True)})
     ent_sum, ent_n, mis_sum, mis_n = summed[len(names):]
     metrics = step_metrics(stats, s.loss, grad_norms, (ent_sum, ent_n), (mis_sum, mis_n))
-    metrics.update(move_metrics(moves))
+    metrics.update(move_metrics(moves), lr=opt.param_groups[0]["lr"])  # the last update's
     return metrics, len(grad_norms)
 
 

@@ -188,7 +188,7 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
             moves.append((*trust.bound(measure, limit), limit))
     metrics = step_metrics(stats, s.loss, grad_norms, (entropy_sum, entropy_n),
                            (mismatch_sum, mismatch_n))
-    metrics.update(move_metrics(moves))
+    metrics.update(move_metrics(moves), lr=opt.param_groups[0]["lr"])  # the last update's
     return metrics, len(grad_norms)
 
 
