@@ -21,7 +21,7 @@ import logging
 import tempfile
 import time
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 
 import torch
 
@@ -76,6 +76,8 @@ class Trainer:
                               ctx.flow.backlog_rows(self.policy))
         self.others = [p for p in ctx.flow.policy_names() if p != self.policy]
         self.publish_pending = False
+        # version 0's publish, where the rate's budget starts (step.budget_used): read once, lazily
+        self._v0_time = cache(lambda: self.weights.manifest(self.policy, 0).time)
         # Replicas near rollout pools get each version from a background thread.
         self.mirror = Mirror(self.weights, ctx.replicas(), self.policy,
                              keep_last=ctx.flow.store.keep_last)
@@ -358,13 +360,11 @@ class Trainer:
         """One trainer step's updates on the batch (on every rank); returns (metrics,
         optimizer updates made)."""
         algo, stop = self.spec.algorithm, self.ctx.flow.stop
-        v0 = lambda: self.weights.manifest(self.policy, 0).time  # noqa: E731 (the budget's start)
+        used = budget_used(algo, stop.max_minutes, self._v0_time) if self.main else None
         settings = step_settings(
-            algo, temperature=self.ctx.flow.rollout.temperature,
-            first_update=self.optimizer_steps,
+            algo, temperature=self.ctx.flow.rollout.temperature, first_update=self.optimizer_steps,
             autocast=None if self.ranks.sharded else self.compute, ref_model=self.ref_model,
-            budget_updates=stop.max_steps * algo.minibatches, budget_used=self.ranks.share(
-                budget_used(algo, stop.max_minutes, v0) if self.main else None))
+            budget_updates=stop.max_steps * algo.minibatches, budget_used=self.ranks.share(used))
         return self.updater(self.module, self.opt, batch, self.codec.pad_id, settings)
 
     def _publish(self, parent: int | None = None) -> float:
