@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import shutil
 
@@ -11,7 +12,7 @@ import torch
 from astraflow.config.algorithm import AlgorithmSpec
 from astraflow.context import RunContext
 from astraflow.train.dist import compute_dtype, resolve_device
-from astraflow.train.step import lr_schedule
+from astraflow.train.step import lr_schedule, make_optimizer
 from astraflow.train.trainer import Trainer
 from tests.runs import seeded_run
 from tests.test_resume import BATCH, fill, params, train
@@ -27,6 +28,34 @@ def test_device_choice_never_falls_back_silently(monkeypatch):
     assert compute_dtype("auto", torch.device("cuda", 0)) is torch.bfloat16
     assert compute_dtype("bf16", torch.device("cpu")) is torch.bfloat16
     assert compute_dtype("fp32", torch.device("cuda", 0)) is None
+
+
+def test_optimizer_is_fused_with_its_moments_allocated_and_updates_as_adamw():
+    """The trainer's AdamW (fused, moments allocated before the first update) makes the
+    updates torch's lazily initialised, unfused AdamW makes; a frozen parameter gets no
+    state."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    net[0].bias.requires_grad_(False)
+    twin, start = copy.deepcopy(net), copy.deepcopy(net)
+    algo = AlgorithmSpec(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.01)
+    trainable = [p for p in net.parameters() if p.requires_grad]
+    ours = make_optimizer(trainable, algo)
+    assert ours.defaults["fused"] is True
+    assert len(ours.state) == 3 and all(float(st["step"]) == 0 and not st["exp_avg"].any()
+                                        for st in ours.state.values())
+    ref = torch.optim.AdamW([p for p in twin.parameters() if p.requires_grad], lr=1e-2,
+                            betas=(0.9, 0.99), weight_decay=0.01)
+    for k in range(3):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(k))
+        for model, opt in ((net, ours), (twin, ref)):
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            opt.step()
+    for a, b in zip(net.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert not torch.equal(net[0].weight, start[0].weight)  # it trained
+    assert torch.equal(net[0].bias, start[0].bias)  # frozen
 
 
 def test_lr_schedule_warmup_then_cosine():

@@ -41,7 +41,7 @@ from astraflow.train.fsdp import ShardedStep, full_state_dict, shard
 from astraflow.train.lineage import Lineage
 from astraflow.train.logprobs import LogprobModel
 from astraflow.train.publisher import Publisher, frozen_state
-from astraflow.train.step import Step, budget_used, optimize, step_settings
+from astraflow.train.step import Step, budget_used, make_optimizer, optimize, step_settings
 from astraflow.train.version0 import reference_model
 
 log = logging.getLogger("astraflow.trainer")
@@ -130,8 +130,7 @@ class Trainer:
         # publish; read now, because the folder may be pruned (or leave the S3 cache).
         self.carried = carried_files(path)
         algo = self.spec.algorithm
-        self.opt = torch.optim.AdamW(self._trainable(), lr=algo.lr, betas=algo.betas,
-                                     weight_decay=algo.weight_decay)
+        self.opt = make_optimizer(self._trainable(), algo)
         if ckpt is None:
             self.step = self.cursor = self.rows_consumed = self.optimizer_steps = 0
             self.version = base

@@ -229,6 +229,9 @@ def main() -> None:
                          "policies.0.algorithm.kl_coef=0.05")
     ap.add_argument("--out", default="runs/bench-peers")
     args = ap.parse_args()
+    if not 0 <= args.first_seed < args.seeds:
+        ap.error(f"--first-seed {args.first_seed} runs no seed: seeds run from --first-seed "
+                 f"up to --seeds - 1 (--seeds {args.seeds})")
     args.sets = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.sets)}
     console = Console(width=170)
     Path(args.out).mkdir(parents=True, exist_ok=True)
