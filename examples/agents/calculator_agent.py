@@ -35,6 +35,16 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
                    "required": ["expression"]}}}]
 SYSTEM = "Answer the question with the number only. You may use the calculator."
+# One worked exchange before the question: how a small model learns a tool's call format
+# from its prompt (SmolLM2-135M never calls the tool from the system text alone). It is
+# prompt, not sampled text, so it is masked out of the loss like the tool's output.
+DEMO: list[dict[str, Any]] = [
+    {"role": "user", "content": "What is 23 * 4?"},
+    {"role": "assistant", "content": "", "tool_calls": [{
+        "id": "call_demo", "type": "function",
+        "function": {"name": "calculator", "arguments": '{"expression": "23 * 4"}'}}]},
+    {"role": "tool", "tool_call_id": "call_demo", "content": "92"},
+    {"role": "assistant", "content": "92"}]
 OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
@@ -66,9 +76,11 @@ def calculator(expression: str) -> str:
 
 
 def play(client: OpenAI, model: str, question: str, *, temperature: float | None = None,
-         max_turns: int = 3, max_tokens: int = 48, transcript: list | None = None) -> str:
+         max_turns: int = 3, max_tokens: int = 48, transcript: list | None = None,
+         demo: bool = True) -> str:
     """One episode: the model's turns, each tool call answered, until a plain reply."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
+                                      *(DEMO if demo else []),
                                       {"role": "user", "content": question}]
     extra = {} if temperature is None else {"temperature": temperature}
     for _ in range(max_turns):
@@ -95,23 +107,24 @@ def score(text: str, answer: int) -> float:
 
 
 def episode(url: str, model: str, task: dict[str, Any], *, group: str | None = None,
-            token: str | None = None, max_tokens: int = 48) -> float:
+            token: str | None = None, max_tokens: int = 48, demo: bool = True) -> float:
     """Play one recorded episode and report its reward."""
     base, ep = episode_url(url)
     client = OpenAI(base_url=base, api_key=token or "none", max_retries=0, timeout=600)
-    reward = score(play(client, model, task["question"], max_tokens=max_tokens), task["answer"])
+    reward = score(play(client, model, task["question"], max_tokens=max_tokens, demo=demo),
+                   task["answer"])
     report_reward(url, ep, reward, group=group, task=task["id"], token=token)
     return reward
 
 
 def evaluate(url: str, model: str, items: list[dict[str, Any]], *, token: str | None = None,
-             threads: int = 8, max_tokens: int = 48) -> float:
+             threads: int = 8, max_tokens: int = 48, demo: bool = True) -> float:
     """Greedy held-out success (temperature 0: not recorded)."""
     client = OpenAI(base_url=f"{url}/v1", api_key=token or "none", max_retries=0, timeout=600)
 
     def one(t: dict[str, Any]) -> float:
-        return score(play(client, model, t["question"], temperature=0, max_tokens=max_tokens),
-                     t["answer"])
+        return score(play(client, model, t["question"], temperature=0, max_tokens=max_tokens,
+                          demo=demo), t["answer"])
 
     with ThreadPoolExecutor(threads) as pool:
         return sum(pool.map(one, items)) / max(len(items), 1)
@@ -119,11 +132,11 @@ def evaluate(url: str, model: str, items: list[dict[str, Any]], *, token: str | 
 
 def train(url: str, model: str, *, minutes: float, group_size: int, groups_at_once: int,
           heldout: list[dict[str, Any]], eval_every_s: float, token: str | None = None,
-          seed: int = 0, max_tokens: int = 48) -> list[dict[str, Any]]:
+          seed: int = 0, max_tokens: int = 48, demo: bool = True) -> list[dict[str, Any]]:
     """Play groups of episodes until `minutes` pass, evaluating now and then; the curve."""
     rng, pool = random.Random(seed), tasks(heldout=False)
     def heldout_now() -> float:
-        return evaluate(url, model, heldout, token=token, max_tokens=max_tokens)
+        return evaluate(url, model, heldout, token=token, max_tokens=max_tokens, demo=demo)
 
     curve = [{"t": 0.0, "heldout": heldout_now()}]
     print(json.dumps(curve[-1]), flush=True)
@@ -136,7 +149,7 @@ def train(url: str, model: str, *, minutes: float, group_size: int, groups_at_on
                 batch = [(rng.choice(pool), f"g{rng.getrandbits(48):x}")
                          for _ in range(groups_at_once)]
                 futs = [ex.submit(episode, url, model, t, group=g, token=token,
-                                  max_tokens=max_tokens)
+                                  max_tokens=max_tokens, demo=demo)
                         for t, g in batch for _ in range(group_size)]
                 rewards.extend(f.result() for f in futs)
                 if time.time() - last >= eval_every_s:
@@ -165,6 +178,8 @@ def main() -> None:
     ap.add_argument("--eval-every-s", type=float, default=180.0)
     ap.add_argument("--max-tokens", type=int, default=48, help="longest model turn")
     ap.add_argument("--token", default=None, help="the endpoint's bearer token, if it has one")
+    ap.add_argument("--no-demo", action="store_true",
+                    help="no worked tool call before the question (the system text alone)")
     args = ap.parse_args()
     where = args.run / "endpoint.json"
     while not where.is_file():  # the run's launcher starts the endpoint after version 0
@@ -172,7 +187,8 @@ def main() -> None:
     url = json.loads(where.read_text())["url"]
     curve = train(url, args.model, minutes=args.minutes, group_size=args.group_size,
                   groups_at_once=args.groups_at_once, heldout=tasks(True)[: args.heldout],
-                  eval_every_s=args.eval_every_s, token=args.token, max_tokens=args.max_tokens)
+                  eval_every_s=args.eval_every_s, token=args.token, max_tokens=args.max_tokens,
+                  demo=not args.no_demo)
     (args.run / "agent_curve.json").write_text(json.dumps(curve, indent=1))
     print(f"held-out success {curve[0]['heldout']:.1%} -> {curve[-1]['heldout']:.1%}")
 
