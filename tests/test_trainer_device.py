@@ -44,6 +44,7 @@ def test_optimizer_is_fused_with_its_moments_allocated_and_updates_as_adamw():
     assert ours.defaults["fused"] is True
     assert len(ours.state) == 3 and all(float(st["step"]) == 0 and not st["exp_avg"].any()
                                         for st in ours.state.values())
+    assert not make_optimizer(trainable, algo, allocate=False).state  # a resume's: restored
     ref = torch.optim.AdamW([p for p in twin.parameters() if p.requires_grad], lr=1e-2,
                             betas=(0.9, 0.99), weight_decay=0.01)
     for k in range(3):

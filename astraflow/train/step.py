@@ -247,16 +247,20 @@ def set_lr(opt: torch.optim.Optimizer, s: StepSettings, k: int) -> None:
             g["lr"] = rate
 
 
-def make_optimizer(params: list[torch.nn.Parameter], algo: AlgorithmSpec) -> torch.optim.AdamW:
+def make_optimizer(params: list[torch.nn.Parameter], algo: AlgorithmSpec, *,
+                   allocate: bool = True) -> torch.optim.AdamW:
     """The policy's AdamW, on torch's fused kernel: one pass over each parameter instead
     of a chain of elementwise ops per tensor. On SmolLM2-135M, 2 CPU threads, an update
     took 0.04 s fused against 0.3-1.1 s (and 1.3 s against 3.0 s for the first, which
     allocates the moments): a tenth of a trainer step on the peers benchmark. Same
-    update rule, state-dict format and checkpoints as the unfused optimizer. Its moments
-    are allocated here (allocate_moments), off the first update's clock."""
+    update rule, state-dict format and checkpoints as the unfused optimizer. `allocate`:
+    its moments are allocated here (allocate_moments), off the first update's clock; a
+    trainer resuming from a checkpoint passes False, since the checkpoint's moments
+    replace them (allocating first would only hold both copies at once)."""
     opt = torch.optim.AdamW(params, lr=algo.lr, betas=algo.betas,
                             weight_decay=algo.weight_decay, fused=True)
-    allocate_moments(opt)
+    if allocate:
+        allocate_moments(opt)
     return opt
 
 

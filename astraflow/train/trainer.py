@@ -130,7 +130,7 @@ class Trainer:
         # publish; read now, because the folder may be pruned (or leave the S3 cache).
         self.carried = carried_files(path)
         algo = self.spec.algorithm
-        self.opt = make_optimizer(self._trainable(), algo)
+        self.opt = make_optimizer(self._trainable(), algo, allocate=ckpt is None)
         if ckpt is None:
             self.step = self.cursor = self.rows_consumed = self.optimizer_steps = 0
             self.version = base
