@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from astraflow.config.loader import parse_flow
-from astraflow.data.stages import signal_rows
+from astraflow.data.stages import signal_rows, solved_share
 from astraflow.observe.audit import audit_policy
 from astraflow.stores import replay
 from astraflow.train.trainer import Trainer
@@ -41,6 +41,35 @@ def test_signal_rows_counts_rows_of_groups_whose_rewards_differ():
     rows = pa.Table.from_pylist([{k: r[k] for k in ("group_id", "reward")}
                                  for r in _batch(1, "a") + _batch(0, "b") + _batch(2, "c")])
     assert signal_rows(rows) == 12 and signal_rows(rows.slice(0, 0)) == 0
+
+
+def test_solved_share_counts_groups_whose_every_sample_earns_the_reward():
+    import pyarrow as pa
+    rows = [{k: r[k] for k in ("group_id", "reward")}
+            for r in _batch(1, "a") + _batch(0, "b")]  # varied, solved, solved, solved
+    rows[8:12] = [{"group_id": "b-g0", "reward": 0.0}] * 4  # one of them all failed
+    rows.append({"group_id": "lone", "reward": 1.0})  # a group of one is not counted
+    table = pa.Table.from_pylist(rows)
+    assert solved_share(table, 1.0) == pytest.approx(2 / 4)
+    assert solved_share(table, 0.0) == 1.0  # every reward is at least 0
+    assert solved_share(table.slice(0, 0), 1.0) == 0.0
+
+
+def test_a_step_bounds_its_updates_by_the_share_of_groups_still_unsolved(tmp_path,
+                                                                      tiny_policy_dir):
+    """`update_kl_solved_at`: a step whose batch holds one varied group and one solved
+    one (dropped by the stages, counted before) bounds its update at a quarter of
+    `max_update_kl`, (1 - 1/2)^2, and logs the share; without it the bound is whole."""
+    bounds = {}
+    for name, algo in {"scaled": {"update_kl_solved_at": 1.0}, "whole": {}}.items():
+        ctx = seeded_run(tmp_path / name, _flow(max_update_kl=0.02, **algo), tiny_policy_dir)
+        ctx.trajectories().append("solver", _batch(1, "a"))
+        tr = Trainer(ctx)
+        res = tr.train_on(tr.poll())
+        assert res.rows_read == BATCH and res.rows_used == 4
+        bounds[name] = res.metrics["update_kl_bound"]
+        assert res.metrics.get("solved_share") == (0.5 if name == "scaled" else None)
+    assert bounds == {"scaled": pytest.approx(0.005), "whole": pytest.approx(0.02)}
 
 
 def test_a_step_waits_for_signal_then_consumes_every_row_once(tmp_path, tiny_policy_dir):

@@ -121,6 +121,14 @@ def test_budget_grows_with_the_rows_that_carry_signal():
     assert update_budget(0.02, 0, 32) == pytest.approx(0.02 / 32)  # a KL penalty's update
 
 
+def test_budget_shrinks_with_the_share_of_groups_already_solved():
+    """The update's length (KL ~ its square) scales with the unsolved share."""
+    assert update_budget(0.02, 4, None, 0.0) == 0.02
+    assert update_budget(0.02, 4, None, 0.75) == pytest.approx(0.02 / 16)
+    assert update_budget(0.02, 4, 8, 0.5) == pytest.approx(0.02 * 0.5 * 0.25)
+    assert update_budget(0.02, 4, None, 1.0) == 0.0  # nothing left to learn from
+
+
 def test_an_update_on_few_signal_rows_gets_its_share_of_the_bound():
     """`max_update_kl_rows`: a real update on a batch whose advantages are zeroed on half
     its rows gets half the bound (reported as `update_kl_bound`) and lands within it;

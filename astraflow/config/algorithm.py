@@ -104,6 +104,15 @@ class AlgorithmSpec(Spec):
     as far as eight groups' (astraflow.train.trust). None: every update gets the whole
     bound. Measured on SmolLM2 against TRL and not made a default: 16 rows took +40
     points 2.3x longer and fell further (docs/benchmarks/peers.md)."""
+    update_kl_solved_at: float | None = None
+    """With `max_update_kl`: a group of the step's consumed rows whose every reward is
+    at least this is solved, and each update's bound is scaled by (1 − s)², s the share
+    of the step's groups that are solved (counted before `zero_variance_filter` drops
+    them), so the update's length shrinks with the share of the batch the policy already
+    gets right (astraflow.train.trust.update_budget says why). Early in a run few groups
+    are solved and the bound is whole; after a fall fewer are, and it grows back.
+    Default: 1.0 for `hf` policies (astraflow.config.flow.HF_UPDATE_KL_SOLVED_AT), off
+    for `tiny` ones; `null` turns it off. Metric: `solved_share`."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of a KL penalty toward a frozen reference policy: version 0 of this same
     policy (its pretrained or warm-started starting point; version 0 is never pruned).

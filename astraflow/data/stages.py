@@ -183,6 +183,21 @@ def _in_varied_groups(rows: pa.Table, min_size: int = 2) -> np.ndarray:
     return (var[g] > 1e-12) & (n[g] >= min_size)
 
 
+def solved_share(rows: pa.Table, at: float, min_size: int = 2) -> float:
+    """The share of `rows`' groups (of at least `min_size` rows) whose every reward is
+    at least `at`: the tasks the policy already solves on every sample. The trainer
+    reads it before the stages drop those groups (`algorithm.update_kl_solved_at`)."""
+    if rows.num_rows == 0:
+        return 0.0
+    g = _group_ids(rows)
+    sized = np.bincount(g) >= min_size
+    if not sized.any():
+        return 0.0
+    solved = np.zeros(len(sized), dtype=bool)
+    solved[g[_solved_groups(rows, at, min_size)]] = True
+    return float(solved.sum() / sized.sum())
+
+
 def signal_rows(rows: pa.Table) -> int:
     """Rows in groups whose rewards differ: the rows a group-relative advantage can
     learn from (what `zero_variance_filter` keeps). The trainer's batch fill

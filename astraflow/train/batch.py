@@ -18,7 +18,9 @@ class Batch:
     row by row) the behaviour logprob, loss mask and the row's advantage.
     `on_policy_rows`: rows sampled by exactly the weights the trainer holds
     (for the engine-vs-trainer mismatch), or None when no row is. `weights`: per
-    token, its row's loss weight (None: all 1, the plain token mean)."""
+    token, its row's loss weight (None: all 1, the plain token mean). `solved_share`:
+    the share of the step's consumed groups the policy already solves, read before the
+    stages drop them (astraflow.train.trust.update_budget scales the bound by it)."""
 
     prompts: list[list[int]]
     completions: list[list[int]]
@@ -27,6 +29,7 @@ class Batch:
     advantages: torch.Tensor
     on_policy_rows: list[bool] | None = None
     weights: torch.Tensor | None = None
+    solved_share: float = 0.0
 
     def __post_init__(self) -> None:
         n = sum(len(c) for c in self.completions)
@@ -77,7 +80,7 @@ class Batch:
         return Batch(self.prompts[start:stop], self.completions[start:stop],
                      self.behavior_logprobs[a:b], self.mask[a:b], self.advantages[a:b],
                      None if self.on_policy_rows is None else self.on_policy_rows[start:stop],
-                     None if self.weights is None else self.weights[a:b])
+                     None if self.weights is None else self.weights[a:b], self.solved_share)
 
     def token_rows(self, flags: Sequence[bool]) -> torch.Tensor:
         """A per-token bool mask from a per-row flag (on the batch's device)."""
@@ -90,5 +93,5 @@ class Batch:
             return self
         return Batch(self.prompts, self.completions, self.behavior_logprobs.to(device),
                      self.mask.to(device), self.advantages.to(device), self.on_policy_rows,
-                     None if self.weights is None else self.weights.to(device))
+                     None if self.weights is None else self.weights.to(device), self.solved_share)
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from astraflow.data.stages import History, StageContext, run_stages, signal_rows
+from astraflow.data.stages import History, StageContext, run_stages, signal_rows, solved_share
 from astraflow.stores import Slice
 from astraflow.train.batch import Batch
 from astraflow.train.lineage import Lineage
@@ -31,10 +31,12 @@ class Consumed:
 
 def consume(sl: Slice, stages: list[tuple[str, dict[str, Any]]], *, policy: str, version: int,
             step: int, lineage: Lineage, history: History,
-            same_weights: bool) -> Consumed:
+            same_weights: bool, solved_at: float | None = None) -> Consumed:
     """`sl`'s rows through `stages` for the trainer at weights `version`. Rows sampled
     by exactly the weights the trainer holds (`version`, and `same_weights`: no update
-    since it was published) measure the engine-vs-trainer logprob mismatch."""
+    since it was published) measure the engine-vs-trainer logprob mismatch. With
+    `solved_at`, the batch carries the share of the rows' groups solved at that reward,
+    counted before the stages drop them (metric `solved_share`)."""
     behavior = sl.rows.column("behavior_version")
     ctx = StageContext(policy=policy, version=version, step=step,
                        lineage_staleness=lineage.staleness_of(version, behavior.to_pylist()),
@@ -54,11 +56,15 @@ def consume(sl: Slice, stages: list[tuple[str, dict[str, Any]]], *, policy: str,
         metrics["staleness_mean"] = float(known.mean())
     if known.size < lag.size:
         metrics["rows_lineage_unknown"] = float(lag.size - known.size)
+    share = 0.0 if solved_at is None else solved_share(sl.rows, solved_at)
+    if solved_at is not None:
+        metrics["solved_share"] = share
     batch = None
     if rows.num_rows > 0:
         on_policy = [same_weights and v == version
                      for v in rows.column("behavior_version").to_pylist()]
         batch = Batch.from_table(rows, on_policy)
+        batch.solved_share = share
     return Consumed(batch, used, stale, filtered, metrics)
 
 

@@ -192,7 +192,7 @@ def _sharded_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
         if trust is not None:
             # every rank holds the whole batch, so every rank computes the same bound
             limit = batch_budget(trust.max_kl, whole.advantages, whole.offsets(),
-                                 s.max_update_kl_rows)
+                                 s.max_update_kl_rows, whole.solved_share)
             moves.append((*_bound_update(model, trust, plan, a, logprobs, ranks, befores, limit),
                           limit))
     names = list(LossStats.__dataclass_fields__)

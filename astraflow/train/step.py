@@ -184,7 +184,7 @@ def optimize(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, p
                 return total / max(n, 1.0)
 
             limit = batch_budget(trust.max_kl, mb.advantages, mb.offsets(),
-                                 s.max_update_kl_rows)
+                                 s.max_update_kl_rows, mb.solved_share)
             moves.append((*trust.bound(measure, limit), limit))
     metrics = step_metrics(stats, s.loss, grad_norms, (entropy_sum, entropy_n),
                            (mismatch_sum, mismatch_n))

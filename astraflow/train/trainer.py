@@ -268,7 +268,8 @@ class Trainer:
             got = consume(sl, self.stages, policy=self.policy, version=self.version,
                           step=self.step, lineage=self.lineage,
                           history=partial(self.traj.read_range, self.policy, 0, sl.start),
-                          same_weights=self.updates_since_publish == 0)
+                          same_weights=self.updates_since_publish == 0,
+                          solved_at=self.spec.algorithm.update_kl_solved_at)
             stale, filtered = got.stale, got.filtered
             metrics.update({"trainer_wait_s": wait, **got.metrics})
             payload = (got.batch, sl.start, sl.end, sl.num_rows, got.used)

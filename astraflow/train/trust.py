@@ -36,26 +36,36 @@ def signal_rows(advantages: torch.Tensor, offsets: list[int]) -> int:
                if b > a and bool(advantages[a:b].abs().max() > 0))
 
 
-def update_budget(max_kl: float, rows: int, full_rows: int | None) -> float:
+def update_budget(max_kl: float, rows: int, full_rows: int | None,
+                  solved_share: float = 0.0) -> float:
     """The KL one update may move the policy: `max_kl`, scaled down by `rows` (signal
-    rows) / `full_rows` when `full_rows` is set (`algorithm.max_update_kl_rows`); an
-    update with no signal rows (a KL penalty's alone) gets one row's share. Why: a fixed
-    bound lets an update carried by one group move the model as far as one carried by
-    eight (both are cut to the same KL); scaled, the distance a step may travel grows
-    with the evidence it rests on."""
+    rows) / `full_rows` when `full_rows` is set (`algorithm.max_update_kl_rows`; an
+    update with no signal rows, a KL penalty's alone, gets one row's share), and by
+    (1 − `solved_share`)², the square of the share of the step's groups the policy does
+    not already solve (`algorithm.update_kl_solved_at`).
+
+    Why the rows: a fixed bound lets an update carried by one group move the model as
+    far as one carried by eight (both are cut to the same KL). Why the solved share:
+    once most groups are all-correct the update rests on the few left, and what it can
+    break is the many it does not see, so its length (KL grows with the square of a
+    small step) shrinks with the share of the batch still unsolved. Early in a run few
+    groups are solved and the bound is whole, which is where scaling by signal rows
+    alone cost speed (docs/benchmarks/peers.md); once a policy that had learnt a task
+    falls, fewer groups are solved and its steps grow again."""
+    scale = (1.0 - min(max(solved_share, 0.0), 1.0)) ** 2
     if full_rows is None:
-        return max_kl
-    return max_kl * min(1.0, max(rows, 1) / full_rows)
+        return max_kl * scale
+    return max_kl * scale * min(1.0, max(rows, 1) / full_rows)
 
 
 def batch_budget(max_kl: float, advantages: torch.Tensor, offsets: list[int],
-                 full_rows: int | None) -> float:
+                 full_rows: int | None, solved_share: float = 0.0) -> float:
     """`update_budget` for an update's rows (per-token `advantages`, token `offsets`),
     counting their signal rows only when `full_rows` asks for it: every update of a
     bounded policy calls this, and the count is a Python loop over rows."""
     if full_rows is None:
-        return max_kl
-    return update_budget(max_kl, signal_rows(advantages, offsets), full_rows)
+        return update_budget(max_kl, 0, None, solved_share)
+    return update_budget(max_kl, signal_rows(advantages, offsets), full_rows, solved_share)
 
 
 class TrustRegion:
