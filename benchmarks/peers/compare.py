@@ -45,7 +45,7 @@ from metrics import (  # noqa: E402
 
 TOOLS = ("astraflow", "trl")
 STEP_STATS = ("reward_mean", "approx_kl", "clip_frac", "entropy", "grad_norm", "rows_read",
-              "rows_used", "loss", "update_kl", "update_scale", "update_kl_bound")
+              "rows_used", "loss", "update_kl", "update_scale", "update_kl_bound", "solved_share")
 
 
 def astraflow_side(args, seed: int, evaluator, console: Console) -> dict:
