@@ -176,6 +176,7 @@ def main() -> None:
     ap.add_argument("--groups-at-once", type=int, default=4)
     ap.add_argument("--heldout", type=int, default=72, help="held-out tasks evaluated")
     ap.add_argument("--eval-every-s", type=float, default=180.0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the training-task draw")
     ap.add_argument("--max-tokens", type=int, default=48, help="longest model turn")
     ap.add_argument("--token", default=None, help="the endpoint's bearer token, if it has one")
     ap.add_argument("--no-demo", action="store_true",
@@ -188,7 +189,7 @@ def main() -> None:
     curve = train(url, args.model, minutes=args.minutes, group_size=args.group_size,
                   groups_at_once=args.groups_at_once, heldout=tasks(True)[: args.heldout],
                   eval_every_s=args.eval_every_s, token=args.token, max_tokens=args.max_tokens,
-                  demo=not args.no_demo)
+                  demo=not args.no_demo, seed=args.seed)
     (args.run / "agent_curve.json").write_text(json.dumps(curve, indent=1))
     print(f"held-out success {curve[0]['heldout']:.1%} -> {curve[-1]['heldout']:.1%}")
 
