@@ -51,7 +51,7 @@ def test_solved_share_counts_groups_whose_every_sample_earns_the_reward():
     rows.append({"group_id": "lone", "reward": 1.0})  # a group of one is not counted
     table = pa.Table.from_pylist(rows)
     assert solved_share(table, 1.0) == pytest.approx(2 / 4)
-    assert solved_share(table, 0.0) == 1.0  # every reward is at least 0
+    assert solved_share(table, 0.0) == 3 / 4  # every group, but one counts as unsolved
     assert solved_share(table.slice(0, 0), 1.0) == 0.0
 
 
@@ -70,6 +70,20 @@ def test_a_step_bounds_its_updates_by_the_share_of_groups_still_unsolved(tmp_pat
         bounds[name] = res.metrics["update_kl_bound"]
         assert res.metrics.get("solved_share") == (0.5 if name == "scaled" else None)
     assert bounds == {"scaled": pytest.approx(0.005), "whole": pytest.approx(0.02)}
+
+
+def test_a_step_whose_every_group_is_solved_keeps_one_groups_share(tmp_path, tiny_policy_dir):
+    """Solved groups kept in the loss (`keep_solved_at`, as for a KL anchor), and every
+    group solved: the step still runs, its bound one group's share, (1/2)^2."""
+    flow = _flow(max_update_kl=0.02, update_kl_solved_at=1.0)
+    flow["stages"] = [{"name": "zero_variance_filter", "params": {"keep_solved_at": 1.0}},
+                      {"name": "group_advantages"}]
+    ctx = seeded_run(tmp_path / "r", flow, tiny_policy_dir)
+    ctx.trajectories().append("solver", _batch(0, "a"))
+    tr = Trainer(ctx)
+    res = tr.train_on(tr.poll())
+    assert res.rows_used == BATCH and res.metrics["solved_share"] == 0.5
+    assert res.metrics["update_kl_bound"] == pytest.approx(0.02 / 4)
 
 
 def test_a_step_waits_for_signal_then_consumes_every_row_once(tmp_path, tiny_policy_dir):

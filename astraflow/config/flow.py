@@ -39,8 +39,8 @@ decaying rate")."""
 
 HF_UPDATE_KL_SOLVED_AT = 1.0
 """`algorithm.update_kl_solved_at` of an `hf` policy that does not set it: a group is
-solved when every sample earns the whole reward (1.0, what every built-in reward gives a
-correct answer in the built-in envs). With updates every 2-3 s on SmolLM2, the whole bound on each late
+solved when every sample earns the whole reward (1.0, a correct answer's reward in the
+built-in envs). With updates every 2-3 s on SmolLM2, the whole bound on each late
 update, carried by the one or two groups still unsolved, walked held-out accuracy down
 13-19 points after the task was learnt; the scaled bound shrinks those steps while
 leaving the early ones whole, and the median fall on three seeds went from 13.3 to 6.0

@@ -186,16 +186,18 @@ def _in_varied_groups(rows: pa.Table, min_size: int = 2) -> np.ndarray:
 def solved_share(rows: pa.Table, at: float, min_size: int = 2) -> float:
     """The share of `rows`' groups (of at least `min_size` rows) whose every reward is
     at least `at`: the tasks the policy already solves on every sample. The trainer
-    reads it before the stages drop those groups (`algorithm.update_kl_solved_at`)."""
+    reads it before the stages drop those groups (`algorithm.update_kl_solved_at`).
+    At least one group counts as unsolved, so the share is below 1 whenever there is a
+    group: a step whose every group is solved (kept by `keep_solved_at` for a KL
+    anchor) still gets one group's share of the bound rather than none."""
     if rows.num_rows == 0:
         return 0.0
     g = _group_ids(rows)
-    sized = np.bincount(g) >= min_size
-    if not sized.any():
+    groups = int((np.bincount(g) >= min_size).sum())
+    if groups == 0:
         return 0.0
-    solved = np.zeros(len(sized), dtype=bool)
-    solved[g[_solved_groups(rows, at, min_size)]] = True
-    return float(solved.sum() / sized.sum())
+    solved = len(np.unique(g[_solved_groups(rows, at, min_size)]))
+    return min(solved, groups - 1) / groups
 
 
 def signal_rows(rows: pa.Table) -> int:
