@@ -56,9 +56,9 @@ def consume(sl: Slice, stages: list[tuple[str, dict[str, Any]]], *, policy: str,
         metrics["staleness_mean"] = float(known.mean())
     if known.size < lag.size:
         metrics["rows_lineage_unknown"] = float(lag.size - known.size)
-    share = 0.0 if solved_at is None else solved_share(sl.rows, solved_at)
+    share = 0.0
     if solved_at is not None:
-        metrics["solved_share"] = share
+        share = metrics["solved_share"] = solved_share(sl.rows, solved_at)
     batch = None
     if rows.num_rows > 0:
         on_policy = [same_weights and v == version
