@@ -40,12 +40,10 @@ decaying rate")."""
 HF_UPDATE_KL_SOLVED_AT = 1.0
 """`algorithm.update_kl_solved_at` of an `hf` policy that does not set it: a group is
 solved when every sample earns the whole reward (1.0, a correct answer's reward in the
-built-in envs). With updates every 2-3 s on SmolLM2, the whole bound on each late
-update, carried by the one or two groups still unsolved, walked held-out accuracy down
-13-19 points after the task was learnt; the scaled bound shrinks those steps while
-leaving the early ones whole, and the median fall on three seeds went from 13.3 to 6.0
-points (docs/benchmarks/peers.md, "The bound scaled by the share of groups already
-solved")."""
+built-in envs). Late in a run the whole bound on each update, carried by the one or two
+groups still unsolved, walks a learnt skill off; the scaled bound shrinks those steps
+and leaves the early ones whole (measured: docs/benchmarks/peers.md, "The bound scaled
+by the share of groups already solved")."""
 
 
 class PolicySpec(Spec):
