@@ -144,3 +144,85 @@ def test_the_flow_setting_reaches_the_step():
     assert step_settings(AlgorithmSpec(), temperature=0.7, first_update=0).loss.entropy_floor is None
     with pytest.raises(ValueError):
         AlgorithmSpec(entropy_floor=-0.1)
+
+
+def test_a_floor_set_as_a_share_of_version_0_resolves_in_nats():
+    from astraflow.config.algorithm import AlgorithmSpec
+    from astraflow.train.step import step_settings
+
+    algo = AlgorithmSpec(entropy_floor_of_v0=0.5)
+    assert step_settings(algo, temperature=0.7, first_update=0,
+                         entropy_floor=0.2).loss.entropy_floor == 0.2
+    assert step_settings(algo, temperature=0.7, first_update=0).loss.entropy_floor is None
+    with pytest.raises(ValueError, match="not both"):
+        AlgorithmSpec(entropy_floor=0.3, entropy_floor_of_v0=0.5)
+    with pytest.raises(ValueError):
+        AlgorithmSpec(entropy_floor_of_v0=1.5)
+
+
+def _rows(tag: str, n: int, version: int, logp: list[float], mask: list[int]) -> list[dict]:
+    from tests.test_stores import make_rows
+
+    rows = make_rows("solver", n, tag)
+    for r in rows:
+        r.update(behavior_version=version, behavior_logprobs=logp, loss_mask=mask,
+                 completion_ids=[7] * len(logp))
+    return rows
+
+
+def test_version_0s_entropy_is_its_first_batch_in_the_store(tmp_path):
+    """The reference is the mean surprisal of the generated tokens (mask 1) of version
+    0's first batch in commit order: later version-0 rows and other versions' rows do
+    not move it, so a trainer resumed later reads the same floor; until a whole batch
+    is there the rows there give it; with none, a clear error."""
+    from astraflow.config.algorithm import AlgorithmSpec
+    from astraflow.stores import TrajectoryStore
+    from astraflow.train.floor import EntropyFloor
+
+    traj = TrajectoryStore(str(tmp_path / "store"))
+    floor = EntropyFloor(AlgorithmSpec(entropy_floor_of_v0=0.5), traj, "solver", rows=8)
+    traj.table("solver")
+    with pytest.raises(RuntimeError, match="no generated token sampled by its version 0"):
+        floor.nats()
+    # 4 rows: tokens at surprisal 0.2 and 0.6, a tool token (mask 0) at 9.0 not counted
+    traj.append("solver", _rows("a", 4, 0, [-0.2, -9.0, -0.6], [1, 0, 1]))
+    assert floor.nats() == pytest.approx(0.5 * 0.4)          # provisional: half a batch
+    traj.append("solver", _rows("b", 4, 0, [-1.0], [1]))
+    traj.append("solver", _rows("c", 8, 0, [-5.0], [1]))      # after the first batch
+    traj.append("solver", _rows("d", 8, 1, [-7.0], [1]))      # another version
+    whole = 0.5 * (4 * 0.8 + 4 * 1.0) / 12                    # 12 generated tokens
+    assert floor.nats() == pytest.approx(whole)
+    again = EntropyFloor(AlgorithmSpec(entropy_floor_of_v0=0.5), traj, "solver", rows=8)
+    assert again.nats() == pytest.approx(whole)               # a resumed trainer
+    fixed = EntropyFloor(AlgorithmSpec(entropy_floor=0.3), traj, "solver", rows=8)
+    assert fixed.nats() == 0.3
+    assert EntropyFloor(AlgorithmSpec(), traj, "solver", rows=8).nats() is None
+
+
+def test_a_trainer_step_uses_the_floor_of_its_version_0(tmp_path, tiny_policy_dir):
+    """Real trainer steps on the tiny policy: the batch's mean surprisal is 0.3 and
+    version 0's is 0.3, so a share of 0.5 sets the floor at 0.15 and the bonus stays
+    off; a share that puts the floor above the batch's entropy turns it on. The floor
+    in nats is logged (`entropy_floor`)."""
+    from astraflow.train.trainer import Trainer
+    from tests.runs import seeded_run
+
+    flow = {"name": "f", "policies": [{"name": "solver", "model": {
+                "hidden_size": 64, "layers": 2, "heads": 2, "intermediate_size": 128},
+                "algorithm": {"lr": 0.01, "objective": "decoupled"}}],
+            "env": {"digits": 2, "eval_size": 20},
+            "rollout": {"prompts_per_batch": 2, "samples_per_prompt": 4}}
+    got = {}
+    for share in (0.5, 0.99):
+        flow["policies"][0]["algorithm"]["entropy_floor_of_v0"] = share
+        ctx = seeded_run(tmp_path / str(share), flow, tiny_policy_dir)
+        ctx.trajectories().append("solver", _rows("a", 8, 0, [-0.3, -0.3], [1, 1]))
+        ctx.trajectories().append("solver", _rows("b", 8, 0, [-0.2, -0.2], [1, 1]))
+        tr = Trainer(ctx)
+        first = tr.train_on(tr.poll()).metrics
+        # the second batch is less sure (0.2) but the floor stays version 0's first
+        second = tr.train_on(tr.poll()).metrics
+        got[share] = (first["entropy_floor"], second["entropy_floor"],
+                      first["entropy_bonus_frac"], second["entropy_bonus_frac"])
+    assert got[0.5] == pytest.approx((0.15, 0.15, 0.0, 0.0))
+    assert got[0.99] == pytest.approx((0.297, 0.297, 0.0, 1.0))

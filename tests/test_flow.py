@@ -123,16 +123,24 @@ def test_pretrained_policies_bound_each_update_unless_told_otherwise():
 
 
 def test_pretrained_policies_decay_over_the_budget_with_an_entropy_floor():
-    """`hf` policies decay their rate over the run's budget and keep an entropy floor
-    unless the flow says otherwise; tiny policies keep a constant rate and no floor."""
-    from astraflow.config.flow import HF_ENTROPY_FLOOR
+    """`hf` policies decay their rate over the run's budget and keep an entropy floor, a
+    share of version 0's entropy, unless the flow sets a floor of its own (`null`: none);
+    tiny policies keep a constant rate and no floor."""
+    from astraflow.config.flow import HF_ENTROPY_FLOOR_OF_V0
 
-    hf = load_flow(EXAMPLE.with_name("smollm2-math.yaml")).policies[0].algorithm
-    assert (hf.lr_schedule, hf.lr_decay_steps, hf.entropy_floor) == ("cosine", None,
-                                                                    HF_ENTROPY_FLOOR)
-    own = load_flow(EXAMPLE.with_name("smollm2-math.yaml"), {
-        "policies.0.algorithm.lr_schedule": "constant",
-        "policies.0.algorithm.entropy_floor": None}).policies[0].algorithm
-    assert (own.lr_schedule, own.entropy_floor) == ("constant", None)
+    math = EXAMPLE.with_name("smollm2-math.yaml")
+    hf = load_flow(math).policies[0].algorithm
+    assert (hf.lr_schedule, hf.lr_decay_steps, hf.entropy_floor, hf.entropy_floor_of_v0) == (
+        "cosine", None, None, HF_ENTROPY_FLOOR_OF_V0)
+    own = load_flow(math, {"policies.0.algorithm.lr_schedule": "constant",
+                           "policies.0.algorithm.entropy_floor": None}).policies[0].algorithm
+    assert (own.lr_schedule, own.entropy_floor, own.entropy_floor_of_v0) == ("constant", None, None)
+    fixed = load_flow(math, {"policies.0.algorithm.entropy_floor": 0.3}).policies[0].algorithm
+    assert (fixed.entropy_floor, fixed.entropy_floor_of_v0) == (0.3, None)
+    share = load_flow(math, {"policies.0.algorithm.entropy_floor_of_v0": 0.5}).policies[0].algorithm
+    assert (share.entropy_floor, share.entropy_floor_of_v0) == (None, 0.5)
+    with pytest.raises(ValueError, match="not both"):
+        load_flow(math, {"policies.0.algorithm.entropy_floor": 0.3,
+                         "policies.0.algorithm.entropy_floor_of_v0": 0.5})
     tiny = load_flow(EXAMPLE).policies[0].algorithm
-    assert (tiny.lr_schedule, tiny.entropy_floor) == ("constant", None)
+    assert (tiny.lr_schedule, tiny.entropy_floor, tiny.entropy_floor_of_v0) == ("constant", None, None)

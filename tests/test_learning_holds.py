@@ -72,7 +72,7 @@ def test_smollm2_math_learns_and_holds_what_it_learnt(tmp_path, smollm2_dir):  #
 
     ctx = RunContext.open(runs / "holds")
     algo = ctx.flow.policies[0].algorithm  # the default recipe, not set here
-    assert algo.max_update_kl and algo.entropy_floor and algo.lr_schedule == "cosine"
+    assert algo.max_update_kl and algo.entropy_floor_of_v0 and algo.lr_schedule == "cosine"
     versions = ctx.weights().versions("solver")
     # a step whose every group had one reward (all dropped as zero-variance) publishes none
     assert versions[0] == 0 and len(versions) >= STEPS - 3, versions

@@ -149,11 +149,31 @@ class AlgorithmSpec(Spec):
     for the same reason; this one is a fixed hinge, so a resumed trainer carries no
     state). Cost: the entropy's backward on every head chunk of a minibatch under the
     floor. None (default): off."""
+    entropy_floor_of_v0: float | None = Field(None, gt=0, lt=1)
+    """The same floor, set as this share of version 0's own sampling entropy: the mean
+    surprisal of the first batch of rows version 0 sampled (read from the trajectory
+    store, so a resumed trainer finds the same value; logged as `entropy_floor`). Why
+    relative: how sure a healthy policy is depends on the task. SmolLM2 answering
+    arithmetic samples at 1.0 nats a token; after its warm start on SQL tool calls in a
+    fixed format, at 0.016. A fixed 0.3 kept the bonus on at every step there and
+    walked the agent into rambling prose (docs/benchmarks/peers.md, "A floor relative
+    to version 0"): a collapse is a fall from where the policy started. Set this or
+    `entropy_floor`, not both. Default: astraflow.config.flow.HF_ENTROPY_FLOOR_OF_V0 for
+    `hf` policies that set neither; off for `tiny` ones."""
     entropy_coef: float = Field(1.0, ge=0)
     """`entropy_floor`: the bonus's weight per token, normalised like the policy loss.
     Large next to the 0.001-0.01 of an ever-present bonus, because it must outweigh the
     policy term's own pull on the entropy: on SmolLM2's late math batches the weight that
     cancels it to first order measured 0.85-0.9 (docs/models.md)."""
+
+    @model_validator(mode="after")
+    def _one_floor(self) -> AlgorithmSpec:
+        if self.entropy_floor is not None and self.entropy_floor_of_v0 is not None:
+            raise ValueError(
+                f"set entropy_floor ({self.entropy_floor} nats per token) or "
+                f"entropy_floor_of_v0 ({self.entropy_floor_of_v0} of version 0's entropy), "
+                "not both")
+        return self
 
 
 class StageSpec(Spec):

@@ -28,14 +28,17 @@ HF_MAX_UPDATE_KL = 0.02
 that PPO practice targets (0.01-0.02; PPO's adaptive-KL and target-KL settings), the
 top of that range since a pulled-back update still costs its forward passes."""
 
-HF_ENTROPY_FLOOR = 0.3
-"""`algorithm.entropy_floor` of an `hf` policy that does not set it (nats per completion
-token at the sampling temperature). Once most groups are solved, GRPO's few groups left
-with signal drive the sampling entropy down (SmolLM2 at T 0.7: 0.4-0.5 at version 0,
-0.12-0.15 when its held-out fell) until a group's samples agree on a wrong answer and
-nothing corrects it; 0.3 sits below a healthy policy's entropy, so the hinge is idle
-until that collapse begins (docs/benchmarks/peers.md, "An entropy floor, and a
-decaying rate")."""
+HF_ENTROPY_FLOOR_OF_V0 = 0.3
+"""`algorithm.entropy_floor_of_v0` of an `hf` policy that sets no floor: the sampling
+entropy's floor is this share of version 0's own. Once most groups are solved, GRPO's
+few groups left with signal drive the sampling entropy down (SmolLM2 on arithmetic at
+T 0.7: 1.0 nats per token at version 0, 0.12-0.15 when its held-out fell) until a
+group's samples agree on a wrong answer and nothing corrects it. On that task this
+share gives the 0.3 nats the floor was measured at (docs/benchmarks/peers.md, "An
+entropy floor, and a decaying rate"). A share rather than a number, because a
+tool-calling agent starts far surer (SmolLM2 on SQL after its warm start: 0.016), and
+there a fixed 0.3 kept the bonus on at every step and walked the agent into rambling
+(held-out 90% → 34%: "A floor relative to version 0")."""
 
 HF_UPDATE_KL_SOLVED_AT = 1.0
 """`algorithm.update_kl_solved_at` of an `hf` policy that does not set it: a group is
@@ -70,15 +73,17 @@ class PolicySpec(Spec):
         whatever its batch says, and more tightly the more of its batch is already
         solved (`update_kl_solved_at`); the rate decays over the run's budget (`lr_schedule:
         cosine`), since at a constant rate Adam takes full steps on the last few groups
-        with signal; and the sampling entropy has a floor (`entropy_floor`)."""
+        with signal; and the sampling entropy has a floor, a share of version 0's (`entropy_floor_of_v0`)."""
         if self.model.kind != "hf":
             return self
         if "warm_start" not in self.model_fields_set:
             self.warm_start = WarmStartSpec(max_steps=0)
+        given = self.algorithm.model_fields_set
         unset = {"max_update_kl": HF_MAX_UPDATE_KL, "lr_schedule": "cosine",
-                 "entropy_floor": HF_ENTROPY_FLOOR,
                  "update_kl_solved_at": HF_UPDATE_KL_SOLVED_AT}
-        unset = {k: v for k, v in unset.items() if k not in self.algorithm.model_fields_set}
+        unset = {k: v for k, v in unset.items() if k not in given}
+        if not given & {"entropy_floor", "entropy_floor_of_v0"}:  # `entropy_floor: null`: none
+            unset["entropy_floor_of_v0"] = HF_ENTROPY_FLOOR_OF_V0
         if unset:
             self.algorithm = self.algorithm.model_copy(update=unset)
         return self

@@ -8,7 +8,7 @@ rows: replayed rows (data stages) are extra reuse, not consumption.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -17,6 +17,9 @@ from astraflow.data.stages import History, StageContext, run_stages, signal_rows
 from astraflow.stores import Slice
 from astraflow.train.batch import Batch
 from astraflow.train.lineage import Lineage
+
+if TYPE_CHECKING:
+    from astraflow.config.flow import FlowSpec
 
 
 @dataclass
@@ -94,3 +97,22 @@ class BatchFill:
             return None
         self.want = self.batch
         return sl
+
+
+def step_rows(flow: FlowSpec, policy: str) -> int:
+    """Rows one step of `policy` consumes (`algorithm.step_rows`, default one rollout
+    batch); a size the workers' backlog bound can never reach would stall the run, so
+    refuse it."""
+    batch = flow.batch_rows(policy)
+    rows = next(p for p in flow.policies if p.name == policy).algorithm.step_rows or batch
+    room = flow.backlog_rows(policy)
+    if rows > room:
+        raise ValueError(
+            f"policies.{policy}.algorithm.step_rows={rows} exceeds the backlog the "
+            f"workers fill ({flow.rollout.max_backlog_batches} batches of {batch} rows): raise "
+            f"rollout.max_backlog_batches to at least {-(-rows // batch)}")
+    if flow.mode == "sync" and rows > batch:
+        raise ValueError(
+            f"policies.{policy}.algorithm.step_rows={rows}: sync mode trains on each "
+            f"batch of {batch} rows as it is produced; use minibatches, or async mode")
+    return rows

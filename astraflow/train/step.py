@@ -327,12 +327,16 @@ def budget_used(algo: AlgorithmSpec, max_minutes: float,
 def step_settings(algo: AlgorithmSpec, *, temperature: float, first_update: int,
                   autocast: torch.dtype | None = None,
                   ref_model: torch.nn.Module | None = None,
-                  budget_updates: int | None = None, budget_used: float = 0.0) -> StepSettings:
+                  budget_updates: int | None = None, budget_used: float = 0.0,
+                  entropy_floor: float | None = None) -> StepSettings:
     """A policy's `algorithm` section as StepSettings; logprobs are taken at the flow's
-    sampling `temperature`, as the engines record them (the budget: see lr_schedule)."""
+    sampling `temperature`, as the engines record them (the budget: see lr_schedule).
+    `entropy_floor`: the floor in nats (astraflow.train.floor.EntropyFloor resolves
+    `entropy_floor_of_v0`); None: `algo.entropy_floor`."""
+    floor = algo.entropy_floor if entropy_floor is None else entropy_floor
     return StepSettings(
         loss=LossConfig(algo.objective, algo.clip_eps, algo.dual_clip, algo.is_cap,
-                        algo.kl_coef, algo.pg_mean, algo.entropy_floor, algo.entropy_coef),
+                        algo.kl_coef, algo.pg_mean, floor, algo.entropy_coef),
         temperature=temperature, minibatches=algo.minibatches,
         micro_batch_rows=algo.micro_batch_rows, chunk_tokens=algo.logprob_chunk_tokens,
         grad_clip=algo.grad_clip, first_update=first_update,

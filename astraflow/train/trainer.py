@@ -35,8 +35,9 @@ from astraflow.stores.mirror import Mirror
 from astraflow.stores.weights import Manifest
 from astraflow.train import checkpoint
 from astraflow.train.batch import Batch
-from astraflow.train.consume import BatchFill, consume
+from astraflow.train.consume import BatchFill, consume, step_rows
 from astraflow.train.dist import Ranks, compute_dtype, peak_memory_mb
+from astraflow.train.floor import EntropyFloor
 from astraflow.train.fsdp import ShardedStep, full_state_dict, shard
 from astraflow.train.lineage import Lineage
 from astraflow.train.logprobs import LogprobModel
@@ -71,9 +72,10 @@ class Trainer:
         self.ledger = ctx.ledger()
         self.checkpoints = ctx.checkpoints()
         self.stages = [(s.name, dict(s.params)) for s in ctx.flow.stages_for(self.policy)]
-        self.batch_rows = self._step_rows()
+        self.batch_rows = step_rows(ctx.flow, self.policy)
         self.fill = BatchFill(self.batch_rows, self.spec.algorithm.min_signal_rows,
                               ctx.flow.backlog_rows(self.policy))
+        self.floor = EntropyFloor(self.spec.algorithm, self.traj, self.policy, self.batch_rows)
         self.others = [p for p in ctx.flow.policy_names() if p != self.policy]
         self.publish_pending = False
         # version 0's publish, where the rate's budget starts (step.budget_used): read once, lazily
@@ -88,23 +90,6 @@ class Trainer:
         if self.main:
             self.mirror.start()
         self._last_step_end = time.time()
-
-    def _step_rows(self) -> int:
-        """Rows one step consumes (`algorithm.step_rows`, default one rollout batch); a
-        size the workers' backlog bound can never reach would stall the run, so refuse it."""
-        flow, batch = self.ctx.flow, self.ctx.flow.batch_rows(self.policy)
-        rows = self.spec.algorithm.step_rows or batch
-        room = flow.backlog_rows(self.policy)
-        if rows > room:
-            raise ValueError(
-                f"policies.{self.policy}.algorithm.step_rows={rows} exceeds the backlog the "
-                f"workers fill ({flow.rollout.max_backlog_batches} batches of {batch} rows): raise "
-                f"rollout.max_backlog_batches to at least {-(-rows // batch)}")
-        if flow.mode == "sync" and rows > batch:
-            raise ValueError(
-                f"policies.{self.policy}.algorithm.step_rows={rows}: sync mode trains on each "
-                f"batch of {batch} rows as it is produced; use minibatches, or async mode")
-        return rows
 
     def _restore(self) -> None:
         """Newest complete checkpoint, or version 0; then void what died since."""
@@ -360,12 +345,14 @@ class Trainer:
         """One trainer step's updates on the batch (on every rank); returns (metrics,
         optimizer updates made)."""
         algo, stop = self.spec.algorithm, self.ctx.flow.stop
-        used = budget_used(algo, stop.max_minutes, self._v0_time) if self.main else None
+        used, floor = self.ranks.share((budget_used(algo, stop.max_minutes, self._v0_time),
+                                        self.floor.nats()) if self.main else None)
         settings = step_settings(
             algo, temperature=self.ctx.flow.rollout.temperature, first_update=self.optimizer_steps,
             autocast=None if self.ranks.sharded else self.compute, ref_model=self.ref_model,
-            budget_updates=stop.max_steps * algo.minibatches, budget_used=self.ranks.share(used))
-        return self.updater(self.module, self.opt, batch, self.codec.pad_id, settings)
+            budget_updates=stop.max_steps * algo.minibatches, budget_used=used, entropy_floor=floor)
+        metrics, updates = self.updater(self.module, self.opt, batch, self.codec.pad_id, settings)
+        return ({**metrics, "entropy_floor": floor} if floor else metrics), updates
 
     def _publish(self, parent: int | None = None) -> float:
         t0 = time.time()

@@ -85,8 +85,11 @@ def flow_settings(flow: FlowSpec, threads: str) -> dict[str, object]:
             f"{algo.lr_decay_steps} updates" if algo.lr_decay_steps is not None else
             f"the run's budget ({flow.stop.max_steps} steps or {flow.stop.max_minutes:g} min)")
             if algo.lr_schedule == "cosine" else algo.lr_schedule),
-        "entropy floor": (f"{algo.entropy_floor:g} nats/token (weight {algo.entropy_coef:g})"
-                          if algo.entropy_floor is not None else "none"),
+        "entropy floor": (
+            f"{algo.entropy_floor:g} nats/token (weight {algo.entropy_coef:g})"
+            if algo.entropy_floor is not None else
+            f"{algo.entropy_floor_of_v0:g} of version 0's entropy (weight {algo.entropy_coef:g})"
+            if algo.entropy_floor_of_v0 is not None else "none"),
         "KL coef": algo.kl_coef,
         "clip ε": algo.clip_eps,
         "dtype": "float32",
