@@ -156,8 +156,8 @@ class AlgorithmSpec(Spec):
     relative: how sure a healthy policy is depends on the task. SmolLM2 answering
     arithmetic samples at 1.0 nats a token; after its warm start on SQL tool calls in a
     fixed format, at 0.016. A fixed 0.3 kept the bonus on at every step there and
-    walked the agent into rambling prose (docs/benchmarks/peers.md, "A floor relative
-    to version 0"): a collapse is a fall from where the policy started. Set this or
+    walked the agent off its skill (held-out 90% → 34%; docs/benchmarks/peers.md, "A
+    floor relative to version 0"): a collapse is a fall from where it started. Set this or
     `entropy_floor`, not both. Default: astraflow.config.flow.HF_ENTROPY_FLOOR_OF_V0 for
     `hf` policies that set neither; off for `tiny` ones."""
     entropy_coef: float = Field(1.0, ge=0)
