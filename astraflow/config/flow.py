@@ -37,7 +37,7 @@ group's samples agree on a wrong answer and nothing corrects it. On that task th
 share gives the 0.3 nats the floor was measured at (docs/benchmarks/peers.md, "An
 entropy floor, and a decaying rate"). A share rather than a number, because a
 tool-calling agent starts far surer (SmolLM2 on SQL after its warm start: 0.016), and
-there a fixed 0.3 kept the bonus on at every step and walked the agent into rambling
+there a fixed 0.3 kept the bonus on at every step and walked the agent off its skill
 (held-out 90% → 34%: "A floor relative to version 0")."""
 
 HF_UPDATE_KL_SOLVED_AT = 1.0
@@ -73,7 +73,8 @@ class PolicySpec(Spec):
         whatever its batch says, and more tightly the more of its batch is already
         solved (`update_kl_solved_at`); the rate decays over the run's budget (`lr_schedule:
         cosine`), since at a constant rate Adam takes full steps on the last few groups
-        with signal; and the sampling entropy has a floor, a share of version 0's (`entropy_floor_of_v0`)."""
+        with signal; and the sampling entropy has a floor, a share of version 0's
+        (`entropy_floor_of_v0`)."""
         if self.model.kind != "hf":
             return self
         if "warm_start" not in self.model_fields_set:
