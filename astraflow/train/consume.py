@@ -104,7 +104,7 @@ def step_rows(flow: FlowSpec, policy: str) -> int:
     batch); a size the workers' backlog bound can never reach would stall the run, so
     refuse it."""
     batch = flow.batch_rows(policy)
-    rows = next(p for p in flow.policies if p.name == policy).algorithm.step_rows or batch
+    rows = flow.policy_spec(policy).algorithm.step_rows or batch
     room = flow.backlog_rows(policy)
     if rows > room:
         raise ValueError(
