@@ -153,7 +153,8 @@ def test_a_floor_set_as_a_share_of_version_0_resolves_in_nats():
     algo = AlgorithmSpec(entropy_floor_of_v0=0.5)
     assert step_settings(algo, temperature=0.7, first_update=0,
                          entropy_floor=0.2).loss.entropy_floor == 0.2
-    assert step_settings(algo, temperature=0.7, first_update=0).loss.entropy_floor is None
+    with pytest.raises(ValueError, match="EntropyFloor"):  # never silently no floor
+        step_settings(algo, temperature=0.7, first_update=0)
     with pytest.raises(ValueError, match="not both"):
         AlgorithmSpec(entropy_floor=0.3, entropy_floor_of_v0=0.5)
     with pytest.raises(ValueError):

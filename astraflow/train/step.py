@@ -332,7 +332,10 @@ def step_settings(algo: AlgorithmSpec, *, temperature: float, first_update: int,
     """A policy's `algorithm` section as StepSettings; logprobs are taken at the flow's
     sampling `temperature`, as the engines record them (the budget: see lr_schedule).
     `entropy_floor`: the floor in nats (astraflow.train.floor.EntropyFloor resolves
-    `entropy_floor_of_v0`); None: `algo.entropy_floor`."""
+    `entropy_floor_of_v0`, which must be passed); None: `algo.entropy_floor`."""
+    if entropy_floor is None and algo.entropy_floor_of_v0 is not None:
+        raise ValueError("step_settings: algorithm.entropy_floor_of_v0 is a share of version "
+                         "0's entropy; pass the floor it resolves to (EntropyFloor.nats())")
     floor = algo.entropy_floor if entropy_floor is None else entropy_floor
     return StepSettings(
         loss=LossConfig(algo.objective, algo.clip_eps, algo.dual_clip, algo.is_cap,
