@@ -98,3 +98,18 @@ def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(sys.modules, "math_verify", None)
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'astraflow\[math-verify\]'"):
         equivalent("1", "1")
+
+
+def test_the_math_verify_example_pays_a_stated_solution_the_library_pays_in_part():
+    """examples/smollm2-rg-equations-math-verify.yaml: its env pays "h = 1" (how a model
+    states a solution) as solved, where the generator's own scorer pays it in part."""
+    flow = load_flow(EXAMPLES / "smollm2-rg-equations-math-verify.yaml")
+    env = build_env(flow.env.name, flow.env.params)
+    assert isinstance(env, ReasoningGymEnv) and env.reward_kind == "math_verify"
+    for t in env.eval_tasks(10):
+        entry = t.data["entry"]
+        var = entry["metadata"]["variable"]
+        stated = f"{var} = {t.answer}"
+        assert env.reward(t, stated) == 1.0 and env.reward(t, t.answer) == 1.0
+        assert env.reward(t, f"{var} = {int(t.answer) + 1}") == 0.0
+        assert env.heldout.score_answer(stated, entry) < 1.0  # the library's own scorer
