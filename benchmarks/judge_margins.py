@@ -15,6 +15,9 @@ greedy accuracy the same verifier would have if every margin moved by δ nats: w
 small update that shifts the verdict's prior, and nothing else, does to the held-out
 figure. SmolLM2-135M's version 0 on the solver-verifier example is the case that
 needed it (docs/benchmarks/multi-policy-smollm2.md, "Version 0's verdicts are ties").
+The margin is between the two words the verifier's message asks for, read at the step
+where the reply's first verdict word ends; a reply that judges another way ("Yes, …",
+"not correct") gets those two words' margin at that step, which then says less.
 """
 
 from __future__ import annotations
