@@ -102,8 +102,10 @@ def play(model, codec, workflow, items, max_new_tokens: int) -> list[Verdict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--flow", default=str(ROOT / "examples/smollm2-solver-verifier.yaml"))
-    ap.add_argument("--model", help="an HF model folder (default: the verifier's model.path)")
-    ap.add_argument("--run", help="a run folder, with --version: a published version")
+    ap.add_argument("--model", help="an HF model or version folder (default: the verifier's "
+                    "model.path)")
+    ap.add_argument("--run", help="a run folder, with --version: a published version "
+                    "(full weights or an adapter)")
     ap.add_argument("--version", type=int)
     ap.add_argument("--policy", default="verifier")
     ap.add_argument("--n", type=int, default=None, help="held-out items (default: eval_size)")
@@ -114,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from astraflow.config.loader import load_flow
     from astraflow.context import RunContext
-    from astraflow.models.codec import load_codec
-    from astraflow.models.hf import from_pretrained
+    from astraflow.rollout.engine import HFEngine
     from astraflow.workflows.judge import Judge
     from astraflow.workflows.workload import make_workflow
 
@@ -128,17 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     else:
         flow = load_flow(args.flow)
         path = Path(args.model or flow.policy_spec(args.policy).model.path)
-    if not (path / "config.json").is_file():
-        ap.error(f"{path} is not an HF model folder (no config.json)")
-    codec = load_codec(path)
-    workflow = make_workflow(flow, codec)
+    if not path.is_dir():
+        ap.error(f"{path}: no such model or version folder")
+    # As the held-out evaluator loads a version (an adapter version: its base, merged).
+    engine = HFEngine.from_dir(path, dtype=flow.policy_spec(args.policy).model.dtype)
+    workflow = make_workflow(flow, engine.codec)
     if not isinstance(workflow, Judge) or workflow.blind:
-        ap.error(f"{args.flow}: the margin is read on a one-turn `judge` verifier "
+        ap.error(f"flow {flow.name}: the margin is read on a one-turn `judge` verifier "
                  f"(workflow.name: judge, not blind)")
     role = flow.role_of(args.policy)
     items = workflow.eval_items(role, args.n or flow.env.eval_size)
-    model = from_pretrained(path, dtype="float32", device="cpu", use_safetensors=True).eval()
-    verdicts = play(model, codec, workflow, items, workflow.max_new_tokens(role))
+    verdicts = play(engine.model.eval(), engine.codec, workflow, items,
+                    workflow.max_new_tokens(role))
     summary = summarise(verdicts)
     print(json.dumps(summary, indent=2))
     if args.out:
